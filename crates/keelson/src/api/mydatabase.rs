@@ -1,0 +1,155 @@
+//! `MyDatabase` (`db.keelson.dev/v1`): a PostgreSQL primary with streaming
+//! replicas, credentials, scheduled backups and a deletion policy.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// PostgreSQL major versions Keelson knows how to run and replicate.
+pub const SUPPORTED_MAJORS: &[u32] = &[13, 14, 15, 16, 17];
+
+/// Desired state of a PostgreSQL database cluster.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "db.keelson.dev",
+    version = "v1",
+    kind = "MyDatabase",
+    doc = "A PostgreSQL database: a primary with streaming replicas, credentials, scheduled backups and a deletion policy.",
+    plural = "mydatabases",
+    namespaced,
+    status = "MyDatabaseStatus",
+    shortname = "mydb",
+    category = "keelson",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
+    printcolumn(name = "Replicas", type_ = "string", json_path = ".status.instances"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
+    printcolumn(
+        name = "Last Backup",
+        type_ = "date",
+        json_path = ".status.lastBackupTime"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MyDatabaseSpec {
+    /// PostgreSQL instances: pod 0 is the primary, the others stream from it.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1, max = 16))]
+    pub replicas: i32,
+
+    /// PostgreSQL version as `major[.minor]`, e.g. `15` or `15.2`; majors 13 to 17.
+    /// Within a major the version may move both ways; a major change needs a dump and restore.
+    #[schemars(regex(pattern = r"^(13|14|15|16|17)(\.[0-9]{1,3})?$"))]
+    #[x_kube(validation = Rule::new("self.split('.')[0] == oldSelf.split('.')[0]").message("the major version cannot change in place; dump and restore into a new MyDatabase"))]
+    pub version: String,
+
+    /// Size of each instance's data volume, a Kubernetes quantity such as `100Gi`. May grow, never shrink.
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(validation = Rule::new("isQuantity(self)").message("must be a quantity such as 10Gi"))]
+    #[x_kube(validation = Rule::new("!isQuantity(self) || !isQuantity(oldSelf) || quantity(self).compareTo(quantity(oldSelf)) >= 0").message("storage may grow but never shrink"))]
+    pub storage: String,
+
+    /// Image repository; the image is `<imageRepository>:<version>`. Override it for a private registry.
+    #[serde(default = "default_image_repository")]
+    #[schemars(length(min = 1, max = 256))]
+    pub image_repository: String,
+
+    /// Scheduled logical backups (pg_dump) with retention. No backups when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
+
+    /// What deleting the MyDatabase does to its data: Retain (the default) keeps the
+    /// data volumes and backups, Snapshot takes a final backup and removes the data
+    /// volumes, Delete removes data volumes and backups.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+/// When backups run and how long they are kept.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// Cron schedule with 5 fields (minute hour day-of-month month day-of-week), e.g. `0 2 * * *`.
+    #[schemars(regex(pattern = r"^\s*(\S+\s+){4}\S+\s*$"), length(max = 128))]
+    pub schedule: String,
+
+    /// How long a backup is kept: a number and a unit, h (hours), d (days) or w (weeks), e.g. `7d`.
+    /// The newest backup is never pruned.
+    #[schemars(regex(pattern = r"^[1-9][0-9]{0,4}[hdw]$"))]
+    pub retention: String,
+
+    /// Size of the volume that holds the backups.
+    #[serde(default = "default_backup_storage")]
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(validation = Rule::new("isQuantity(self)").message("must be a quantity such as 10Gi"))]
+    pub storage: String,
+}
+
+/// What happens to data when a MyDatabase is deleted.
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum DeletionPolicy {
+    #[default]
+    Retain,
+    Snapshot,
+    Delete,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+fn default_image_repository() -> String {
+    "postgres".to_string()
+}
+
+fn default_backup_storage() -> String {
+    "10Gi".to_string()
+}
+
+/// Observed state of a MyDatabase, written by Keelson only.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MyDatabaseStatus {
+    /// Pending, Creating, Running, Degraded, Failed or Deleting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<DatabasePhase>,
+    /// True when the primary accepts connections and every replica is ready.
+    #[serde(default)]
+    pub ready: bool,
+    /// Instances whose readiness probe (pg_isready) passes.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Ready over desired instances, e.g. `3/3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instances: Option<String>,
+    /// Completion time of the newest successful backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup_time: Option<Time>,
+    /// The Secret holding the connection details.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready, BackupScheduled, LastBackupSucceeded and SpecValid.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Lifecycle phase of a MyDatabase.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum DatabasePhase {
+    Pending,
+    Creating,
+    Running,
+    Degraded,
+    Failed,
+    Deleting,
+}

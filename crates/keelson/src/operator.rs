@@ -1,0 +1,248 @@
+//! `keelson run`: wires the client, HTTP endpoints, leader election and both
+//! controllers together, and shuts them down cleanly on SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio::sync::watch;
+
+use crate::runtime::health::{self, Readiness};
+use crate::runtime::{Context, Metrics};
+use crate::webapp;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "KEELSON_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Run only while holding the leader Lease, so several replicas can run safely.
+    #[arg(long, env = "KEELSON_LEADER_ELECT", default_value_t = false)]
+    pub leader_elect: bool,
+
+    /// Namespace of the leader Lease (default: the pod's namespace, else `default`).
+    #[arg(long, env = "KEELSON_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+
+    /// Name of the leader Lease.
+    #[arg(
+        long,
+        env = "KEELSON_LEADER_ELECTION_ID",
+        default_value = "keelson-leader"
+    )]
+    pub leader_election_id: String,
+
+    /// Address of the Prometheus `/metrics` endpoint.
+    #[arg(long, env = "KEELSON_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+
+    /// Address of the `/healthz` and `/readyz` endpoints.
+    #[arg(long, env = "KEELSON_HEALTH_ADDR", default_value = "0.0.0.0:8081")]
+    pub health_addr: SocketAddr,
+
+    /// Reconciles that may run at once per controller (never two for one object).
+    #[arg(long, env = "KEELSON_CONCURRENCY", default_value_t = 4)]
+    pub concurrency: u16,
+
+    /// Log format.
+    #[arg(long, env = "KEELSON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter: a level (info, debug, ...) or a tracing directive such as `keelson=debug,kube=info`.
+    #[arg(long, env = "KEELSON_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("invalid --log-level {0:?}: {1}")]
+    LogLevel(String, String),
+    #[error("cannot reach the Kubernetes API (is KUBECONFIG set?): {0}")]
+    Client(#[source] kube::Error),
+    #[error("cannot listen on {0}: {1}")]
+    Listen(SocketAddr, #[source] std::io::Error),
+    #[error("leader election failed: {0}")]
+    LeaderElection(#[source] kube_lease_manager::LeaseManagerError),
+    #[error("lost the leader Lease; exiting so another instance takes over")]
+    LostLease,
+}
+
+fn init_tracing(args: &RunArgs) -> Result<(), RunError> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .map_err(|e| RunError::LogLevel(args.log_level.clone(), e.to_string()))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    let result = match args.log_format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+    // A second init (e.g. in tests) keeps the first subscriber.
+    drop(result);
+    Ok(())
+}
+
+/// Resolves when SIGTERM or Ctrl-C arrives.
+async fn termination_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+pub async fn run(args: RunArgs) -> Result<(), RunError> {
+    init_tracing(&args)?;
+    let client = Client::try_default().await.map_err(RunError::Client)?;
+    let metrics = Arc::new(Metrics::default());
+    let readiness = Readiness::default();
+    health::serve(args.health_addr, health::health_router(readiness.clone()))
+        .await
+        .map_err(|e| RunError::Listen(args.health_addr, e))?;
+    health::serve(args.metrics_addr, health::metrics_router(metrics.clone()))
+        .await
+        .map_err(|e| RunError::Listen(args.metrics_addr, e))?;
+
+    // `stop` flips to true on a termination signal; every task watches it.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        termination_signal().await;
+        tracing::info!("termination signal received; draining in-flight reconciles");
+        let _ = stop_tx.send(true);
+    });
+
+    let mut lease = None;
+    if args.leader_elect {
+        let namespace = args
+            .leader_election_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| "default".to_string());
+        let identity =
+            std::env::var("POD_NAME").unwrap_or_else(|_| format!("keelson-{}", std::process::id()));
+        let manager = LeaseManagerBuilder::new(client.clone(), &args.leader_election_id)
+            .with_namespace(&namespace)
+            .with_identity(&identity)
+            .with_duration(15)
+            .with_grace(5)
+            .build()
+            .await
+            .map_err(RunError::LeaderElection)?;
+        let (mut is_leader, task) = manager.watch().await;
+        tracing::info!(lease = %args.leader_election_id, %namespace, %identity, "waiting to become leader");
+        let mut stop = stop_rx.clone();
+        loop {
+            if *is_leader.borrow_and_update() {
+                break;
+            }
+            tokio::select! {
+                changed = is_leader.changed() => if changed.is_err() { return Err(RunError::LostLease) },
+                _ = stop.changed() => {
+                    drop(is_leader);
+                    let _ = task.await;
+                    return Ok(());
+                }
+            }
+        }
+        tracing::info!(%identity, "became leader");
+        lease = Some((is_leader, task));
+    }
+    metrics.leader.set(1);
+
+    let ctx = Context::new(client, metrics.clone());
+    let lost_lease = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Controllers stop on a termination signal or when the lease is lost.
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    {
+        let mut stop = stop_rx.clone();
+        let lost_lease = lost_lease.clone();
+        let mut leader_rx = lease.as_ref().map(|(rx, _)| rx.clone());
+        tokio::spawn(async move {
+            loop {
+                let lease_lost = async {
+                    match leader_rx.as_mut() {
+                        Some(rx) => {
+                            while rx.changed().await.is_ok() {
+                                if !*rx.borrow() {
+                                    return;
+                                }
+                            }
+                        }
+                        None => futures::future::pending::<()>().await,
+                    }
+                };
+                tokio::select! {
+                    _ = stop.changed() => break,
+                    _ = lease_lost => {
+                        tracing::error!("lost the leader Lease");
+                        lost_lease.store(true, std::sync::atomic::Ordering::SeqCst);
+                        break;
+                    }
+                }
+            }
+            let _ = shutdown_tx.send(true);
+        });
+    }
+    let shutdown = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let synced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let controllers = 1;
+    let on_synced = {
+        let synced = synced.clone();
+        let readiness = readiness.clone();
+        move || {
+            if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == controllers {
+                tracing::info!("caches synced; ready");
+                readiness.set_ready();
+            }
+        }
+    };
+    tracing::info!(namespace = ?args.namespace, concurrency = args.concurrency, "starting controllers");
+    webapp::run(
+        ctx.clone(),
+        args.namespace.as_deref(),
+        args.concurrency,
+        on_synced,
+        shutdown(shutdown_rx.clone()),
+    )
+    .await;
+    metrics.leader.set(0);
+
+    if let Some((is_leader, task)) = lease {
+        drop(is_leader);
+        // Releasing the Lease lets a successor start at once.
+        match tokio::time::timeout(Duration::from_secs(5), task).await {
+            Ok(_) => tracing::info!("released the leader Lease"),
+            Err(_) => tracing::warn!("timed out releasing the leader Lease"),
+        }
+    }
+    if lost_lease.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(RunError::LostLease);
+    }
+    tracing::info!("stopped cleanly");
+    Ok(())
+}

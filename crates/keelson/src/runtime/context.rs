@@ -1,0 +1,110 @@
+//! State shared by every reconcile of both controllers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use super::metrics::Metrics;
+
+/// The field manager every server-side apply of Keelson uses.
+pub const FIELD_MANAGER: &str = "keelson";
+
+pub struct Context {
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+    pub backoff: Backoff,
+}
+
+impl Context {
+    pub fn new(client: Client, metrics: Arc<Metrics>) -> Arc<Self> {
+        let reporter = Reporter {
+            controller: "keelson".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Arc::new(Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            backoff: Backoff::default(),
+        })
+    }
+
+    /// Publishes an Event on `regarding`; a failure to publish is logged, never fatal.
+    pub async fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        let result = self.recorder.publish(&event, regarding).await;
+        self.metrics.api_request("create", &result);
+        if let Err(error) = result {
+            tracing::warn!(%error, reason, "could not publish event");
+        }
+    }
+}
+
+/// Per-object exponential backoff: 5 ms doubling up to 5 minutes, forgotten on success.
+#[derive(Default)]
+pub struct Backoff {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Backoff {
+    const BASE: Duration = Duration::from_millis(5);
+    const MAX: Duration = Duration::from_secs(300);
+
+    /// Records one more failure of `key` and returns how long to wait before retrying.
+    pub fn next_delay(&self, key: &str) -> Duration {
+        let mut failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let count = failures.entry(key.to_string()).or_insert(0);
+        *count = count.saturating_add(1);
+        let factor = 2u32.saturating_pow(count.saturating_sub(1).min(20));
+        Self::BASE.saturating_mul(factor).min(Self::MAX)
+    }
+
+    pub fn reset(&self, key: &str) {
+        let mut failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        failures.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_caps_and_resets() {
+        let backoff = Backoff::default();
+        assert_eq!(backoff.next_delay("a"), Duration::from_millis(5));
+        assert_eq!(backoff.next_delay("a"), Duration::from_millis(10));
+        assert_eq!(backoff.next_delay("a"), Duration::from_millis(20));
+        assert_eq!(backoff.next_delay("b"), Duration::from_millis(5));
+        for _ in 0..30 {
+            backoff.next_delay("a");
+        }
+        assert_eq!(backoff.next_delay("a"), Duration::from_secs(300));
+        backoff.reset("a");
+        assert_eq!(backoff.next_delay("a"), Duration::from_millis(5));
+    }
+}

@@ -1,0 +1,195 @@
+//! Finds where a child object differs from what Keelson wants it to be.
+//!
+//! The desired object holds only the fields Keelson manages, so "no drift"
+//! means: every field of the desired object has the same value in the actual
+//! object. Fields the API server or other managers add are ignored.
+
+use serde_json::Value;
+
+/// One managed field whose actual value differs from the desired one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FieldDrift {
+    /// Path such as `spec.template.spec.containers[webapp].image`.
+    pub path: String,
+    pub desired: Value,
+    pub actual: Value,
+}
+
+impl FieldDrift {
+    /// The path without list keys, a bounded label for metrics.
+    pub fn field(&self) -> String {
+        let mut out = String::with_capacity(self.path.len());
+        let mut depth = 0;
+        for ch in self.path.chars() {
+            match ch {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                _ if depth == 0 => out.push(ch),
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// Lists every managed field of `desired` that `actual` does not match.
+pub fn diff(desired: &Value, actual: &Value) -> Vec<FieldDrift> {
+    let mut drifts = Vec::new();
+    walk(desired, actual, String::new(), &mut drifts);
+    drifts
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn walk(desired: &Value, actual: &Value, path: String, out: &mut Vec<FieldDrift>) {
+    match (desired, actual) {
+        (Value::Object(want), Value::Object(have)) => {
+            for (key, want_value) in want {
+                let child_path = join(&path, key);
+                match have.get(key) {
+                    Some(have_value) => walk(want_value, have_value, child_path, out),
+                    None if want_value.is_null() => {}
+                    None => out.push(FieldDrift {
+                        path: child_path,
+                        desired: want_value.clone(),
+                        actual: Value::Null,
+                    }),
+                }
+            }
+        }
+        (Value::Array(want), Value::Array(have)) => walk_list(want, have, &path, out),
+        (want, have) if numbers_equal(want, have) || want == have => {}
+        (want, have) => out.push(FieldDrift {
+            path,
+            desired: want.clone(),
+            actual: have.clone(),
+        }),
+    }
+}
+
+fn numbers_equal(a: &Value, b: &Value) -> bool {
+    matches!((a.as_f64(), b.as_f64()), (Some(x), Some(y)) if x == y)
+}
+
+/// Keys by which Kubernetes merges list elements, in the order we try them.
+const LIST_KEYS: &[&str] = &["name", "uid", "containerPort", "port", "key", "mountPath"];
+
+fn list_key(element: &Value) -> Option<(&'static str, &Value)> {
+    LIST_KEYS
+        .iter()
+        .find_map(|k| element.get(*k).map(|v| (*k, v)))
+}
+
+fn walk_list(want: &[Value], have: &[Value], path: &str, out: &mut Vec<FieldDrift>) {
+    // Lists of scalars are atomic in Kubernetes: they must match exactly.
+    if want.iter().all(|v| !v.is_object()) {
+        if want != have {
+            out.push(FieldDrift {
+                path: path.to_string(),
+                desired: Value::Array(want.to_vec()),
+                actual: Value::Array(have.to_vec()),
+            });
+        }
+        return;
+    }
+    for (index, element) in want.iter().enumerate() {
+        match list_key(element) {
+            Some((key, value)) => {
+                let label = value
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| value.to_string());
+                let element_path = format!("{path}[{label}]");
+                match have.iter().find(|h| h.get(key) == Some(value)) {
+                    Some(found) => walk(element, found, element_path, out),
+                    None => out.push(FieldDrift {
+                        path: element_path,
+                        desired: element.clone(),
+                        actual: Value::Null,
+                    }),
+                }
+            }
+            None => {
+                let element_path = format!("{path}[{index}]");
+                match have.get(index) {
+                    Some(found) => walk(element, found, element_path, out),
+                    None => out.push(FieldDrift {
+                        path: element_path,
+                        desired: element.clone(),
+                        actual: Value::Null,
+                    }),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn fields_added_by_others_are_not_drift() {
+        let desired = json!({"spec": {"replicas": 3, "ports": [{"port": 80}]}});
+        let actual = json!({"spec": {"replicas": 3, "paused": false, "ports": [{"port": 80, "nodePort": 30080, "protocol": "TCP"}]}});
+        assert!(diff(&desired, &actual).is_empty());
+    }
+
+    #[test]
+    fn changed_scalar_is_reported_with_both_values() {
+        let desired = json!({"spec": {"replicas": 3}});
+        let actual = json!({"spec": {"replicas": 10}});
+        let drifts = diff(&desired, &actual);
+        assert_eq!(
+            drifts,
+            vec![FieldDrift {
+                path: "spec.replicas".into(),
+                desired: json!(3),
+                actual: json!(10)
+            }]
+        );
+    }
+
+    #[test]
+    fn keyed_list_elements_are_matched_by_name() {
+        let desired = json!({"containers": [{"name": "webapp", "image": "nginx:1.25"}]});
+        let actual = json!({"containers": [{"name": "sidecar", "image": "x"}, {"name": "webapp", "image": "nginx:1.26"}]});
+        let drifts = diff(&desired, &actual);
+        assert_eq!(drifts.len(), 1);
+        assert_eq!(drifts[0].path, "containers[webapp].image");
+        assert_eq!(drifts[0].field(), "containers.image");
+        assert_eq!(drifts[0].actual, json!("nginx:1.26"));
+    }
+
+    #[test]
+    fn missing_field_and_missing_element_are_drift() {
+        let desired = json!({"metadata": {"labels": {"app": "a"}}, "ports": [{"port": 80}]});
+        let actual = json!({"metadata": {}, "ports": [{"port": 8080}]});
+        let paths: Vec<_> = diff(&desired, &actual)
+            .into_iter()
+            .map(|d| d.path)
+            .collect();
+        assert_eq!(paths, vec!["metadata.labels", "ports[80]"]);
+    }
+
+    #[test]
+    fn scalar_lists_must_match_exactly() {
+        assert!(diff(&json!({"args": ["a"]}), &json!({"args": ["a"]})).is_empty());
+        assert_eq!(
+            diff(&json!({"args": ["a"]}), &json!({"args": ["a", "b"]})).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn integer_and_float_forms_of_a_number_match() {
+        assert!(diff(&json!({"n": 1}), &json!({"n": 1.0})).is_empty());
+    }
+}

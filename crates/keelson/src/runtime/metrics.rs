@@ -1,0 +1,198 @@
+//! Prometheus metrics shared by both controllers, served at `/metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    pub controller: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub controller: &'static str,
+    pub error: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriftLabels {
+    pub kind: String,
+    pub field: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiRequestLabels {
+    pub verb: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChildWriteLabels {
+    pub kind: String,
+    pub action: &'static str,
+}
+
+/// Every metric Keelson exports.
+pub struct Metrics {
+    pub registry: Registry,
+    pub reconciles: Family<ControllerLabels, Counter>,
+    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub reconcile_duration: Family<ControllerLabels, Histogram>,
+    pub reconciles_in_flight: Family<ControllerLabels, Gauge>,
+    pub drift_corrections: Family<DriftLabels, Counter>,
+    pub child_writes: Family<ChildWriteLabels, Counter>,
+    pub status_writes: Family<ControllerLabels, Counter>,
+    pub api_requests: Family<ApiRequestLabels, Counter>,
+    pub leader: Gauge,
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new([
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ])
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("keelson");
+        let reconciles = Family::<ControllerLabels, Counter>::default();
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        let reconcile_duration = Family::<ControllerLabels, Histogram>::new_with_constructor(
+            duration_histogram as fn() -> Histogram,
+        );
+        let reconciles_in_flight = Family::<ControllerLabels, Gauge>::default();
+        let drift_corrections = Family::<DriftLabels, Counter>::default();
+        let child_writes = Family::<ChildWriteLabels, Counter>::default();
+        let status_writes = Family::<ControllerLabels, Counter>::default();
+        let api_requests = Family::<ApiRequestLabels, Counter>::default();
+        let leader = Gauge::default();
+        registry.register(
+            "reconcile",
+            "Reconciles started, per controller",
+            reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that ended in an error, per controller and error kind",
+            reconcile_errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time spent in one reconcile",
+            reconcile_duration.clone(),
+        );
+        registry.register(
+            "reconciles_in_flight",
+            "Reconciles running now",
+            reconciles_in_flight.clone(),
+        );
+        registry.register(
+            "drift_corrections",
+            "Fields of child objects changed by someone else and set back",
+            drift_corrections.clone(),
+        );
+        registry.register(
+            "child_writes",
+            "Child objects created or updated by server-side apply",
+            child_writes.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "Status subresource writes, per controller",
+            status_writes.clone(),
+        );
+        registry.register(
+            "kubernetes_requests",
+            "Kubernetes API requests made by the controllers, by verb and result",
+            api_requests.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this instance holds the leader lease (or runs without leader election)",
+            leader.clone(),
+        );
+        Self {
+            registry,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            reconciles_in_flight,
+            drift_corrections,
+            child_writes,
+            status_writes,
+            api_requests,
+            leader,
+        }
+    }
+}
+
+impl Metrics {
+    /// Renders the registry in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Counts one API request by verb and outcome.
+    pub fn api_request<T>(&self, verb: &'static str, result: &Result<T, kube::Error>) {
+        let result = match result {
+            Ok(_) => "ok",
+            Err(kube::Error::Api(s)) if s.code == 404 => "not_found",
+            Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            Err(_) => "error",
+        };
+        self.api_requests
+            .get_or_create(&ApiRequestLabels { verb, result })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_names_follow_prometheus_conventions() {
+        let metrics = Metrics::default();
+        metrics
+            .reconciles
+            .get_or_create(&ControllerLabels {
+                controller: "webapp",
+            })
+            .inc();
+        metrics
+            .drift_corrections
+            .get_or_create(&DriftLabels {
+                kind: "Deployment".into(),
+                field: "spec.replicas".into(),
+            })
+            .inc();
+        metrics
+            .reconcile_duration
+            .get_or_create(&ControllerLabels {
+                controller: "webapp",
+            })
+            .observe(0.01);
+        let text = metrics.render();
+        assert!(
+            text.contains("keelson_reconcile_total{controller=\"webapp\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "keelson_drift_corrections_total{kind=\"Deployment\",field=\"spec.replicas\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE keelson_reconcile_duration_seconds histogram"),
+            "{text}"
+        );
+    }
+}

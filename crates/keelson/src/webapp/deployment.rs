@@ -1,0 +1,134 @@
+//! The Deployment that runs a WebApp's pods.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::ObjectMeta;
+use kube::{Resource, ResourceExt};
+
+use crate::api::WebApp;
+use crate::runtime::recommended_labels;
+use crate::{Error, Result};
+
+/// Name of the one container in every WebApp pod.
+pub const CONTAINER_NAME: &str = "webapp";
+
+/// The tutorial's selector label, kept so `kubectl get pods -l app=<name>` works.
+pub fn selector_labels(app: &WebApp) -> BTreeMap<String, String> {
+    [("app".to_string(), app.name_any())].into()
+}
+
+/// Selector and recommended labels for everything a WebApp owns.
+pub fn labels(app: &WebApp) -> BTreeMap<String, String> {
+    let mut labels = recommended_labels("webapp", "server", &app.name_any());
+    labels.extend(selector_labels(app));
+    labels
+}
+
+pub fn owner_meta(app: &WebApp, name: String) -> Result<ObjectMeta> {
+    let owner = app.controller_owner_ref(&()).ok_or_else(|| {
+        Error::MissingMetadata(format!("WebApp {} has no uid yet", app.name_any()))
+    })?;
+    Ok(ObjectMeta {
+        name: Some(name),
+        namespace: app.namespace(),
+        labels: Some(labels(app)),
+        owner_references: Some(vec![owner]),
+        ..Default::default()
+    })
+}
+
+/// Builds the desired Deployment `<name>` for `app`.
+pub fn build(app: &WebApp) -> Result<Deployment> {
+    Ok(Deployment {
+        metadata: owner_meta(app, app.name_any())?,
+        spec: Some(DeploymentSpec {
+            replicas: Some(app.spec.replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(app)),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(app)),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: CONTAINER_NAME.into(),
+                        image: Some(app.spec.image.clone()),
+                        ports: Some(vec![ContainerPort {
+                            name: Some("http".into()),
+                            container_port: app.spec.port,
+                            protocol: Some("TCP".into()),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::webapp::tests::sample;
+
+    #[test]
+    fn deployment_follows_the_tutorial() {
+        let deployment = build(&sample()).expect("builds");
+        assert_eq!(deployment.metadata.name.as_deref(), Some("sandy-app"));
+        assert_eq!(deployment.metadata.namespace.as_deref(), Some("default"));
+        let owner = &deployment
+            .metadata
+            .owner_references
+            .as_ref()
+            .expect("owned")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("WebApp", Some(true))
+        );
+        let spec = deployment.spec.expect("spec");
+        assert_eq!(spec.replicas, Some(3));
+        assert_eq!(
+            spec.selector.match_labels,
+            Some([("app".to_string(), "sandy-app".to_string())].into())
+        );
+        let template_labels = spec
+            .template
+            .metadata
+            .and_then(|m| m.labels)
+            .expect("labels");
+        assert_eq!(
+            template_labels.get("app").map(String::as_str),
+            Some("sandy-app")
+        );
+        assert_eq!(
+            template_labels
+                .get("app.kubernetes.io/managed-by")
+                .map(String::as_str),
+            Some("keelson")
+        );
+        let container = &spec.template.spec.expect("pod spec").containers[0];
+        assert_eq!(container.name, "webapp");
+        assert_eq!(container.image.as_deref(), Some("nginx:1.25-alpine"));
+        assert_eq!(
+            container.ports.as_ref().expect("ports")[0].container_port,
+            80
+        );
+    }
+
+    #[test]
+    fn object_without_uid_is_an_error_not_a_panic() {
+        let mut app = sample();
+        app.metadata.uid = None;
+        assert!(build(&app).is_err());
+    }
+}

@@ -1,0 +1,93 @@
+//! The WebApp controller: a Deployment and a Service per WebApp, kept as the
+//! spec says, with drift set back as soon as the owned watches see it.
+
+pub mod deployment;
+pub mod reconcile;
+pub mod service;
+pub mod status;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::Api;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::watcher;
+
+use crate::api::WebApp;
+use crate::runtime::controller::{error_policy, instrumented};
+use crate::runtime::{Context, MANAGED_BY_SELECTOR};
+
+/// Runs the WebApp controller until `shutdown` resolves; calls `on_synced`
+/// once the WebApp cache is filled.
+pub async fn run(
+    ctx: Arc<Context>,
+    namespace: Option<&str>,
+    concurrency: u16,
+    on_synced: impl FnOnce() + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let (apps, deployments, services): (Api<WebApp>, Api<Deployment>, Api<Service>) =
+        match namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client, ns),
+            ),
+            None => (
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+                Api::all(client),
+            ),
+        };
+    let owned = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
+    let controller = Controller::new(apps, watcher::Config::default())
+        .owns(deployments, owned.clone())
+        .owns(services, owned)
+        .with_config(controller::Config::default().concurrency(concurrency))
+        .graceful_shutdown_on(shutdown);
+    let store = controller.store();
+    tokio::spawn(async move {
+        if store.wait_until_ready().await.is_ok() {
+            on_synced();
+        }
+    });
+    controller
+        .run(
+            |app, ctx| instrumented(reconcile::CONTROLLER, app, ctx, reconcile::reconcile),
+            error_policy,
+            ctx,
+        )
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use crate::api::webapp::{ServiceType, WebApp, WebAppSpec};
+    use kube::api::ObjectMeta;
+
+    /// The tutorial's WebApp, as the API server would hand it over.
+    pub fn sample() -> WebApp {
+        let mut app = WebApp::new(
+            "sandy-app",
+            WebAppSpec {
+                replicas: 3,
+                image: "nginx:1.25-alpine".into(),
+                port: 80,
+                service_type: ServiceType::NodePort,
+            },
+        );
+        app.metadata = ObjectMeta {
+            name: Some("sandy-app".into()),
+            namespace: Some("default".into()),
+            uid: Some("2f1b1a34-0000-4000-8000-000000000001".into()),
+            generation: Some(1),
+            ..Default::default()
+        };
+        app
+    }
+}

@@ -1,0 +1,130 @@
+//! One WebApp reconcile, as a pipeline: build the desired children → apply
+//! those that differ → compute status → write it if it changed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::{deployment, service, status};
+use crate::api::WebApp;
+use crate::runtime::controller::report_child_change;
+use crate::runtime::metrics::ControllerLabels;
+use crate::runtime::{Context, apply_child};
+use crate::{Error, Result};
+
+pub const CONTROLLER: &str = "webapp";
+
+/// Without events, look again this often anyway (like controller-runtime's resync).
+const RESYNC: Duration = Duration::from_secs(3600);
+
+pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
+    let namespace = app.namespace().ok_or_else(|| {
+        Error::MissingMetadata(format!("WebApp {} has no namespace", app.name_any()))
+    })?;
+    if app.meta().deletion_timestamp.is_some() {
+        // Owner references hand the children to the garbage collector.
+        return Ok(Action::await_change());
+    }
+    let owner = app.object_ref(&());
+    let reconciled_before = app
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_generation)
+        .is_some();
+
+    let desired_deployment = deployment::build(&app)?;
+    let desired_service = service::build(&app)?;
+
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut failure: Option<Error> = None;
+
+    let deployment_name = app.name_any();
+    let observed_deployment =
+        match apply_child(&deployments, desired_deployment, &ctx.metrics).await {
+            Ok((applied, change)) => {
+                report_child_change::<Deployment>(
+                    &ctx,
+                    &owner,
+                    &deployment_name,
+                    &change,
+                    reconciled_before,
+                )
+                .await;
+                Some(applied)
+            }
+            Err(error) => {
+                failure = Some(error);
+                None
+            }
+        };
+    let service_name = service::name(&app);
+    match apply_child(&services, desired_service, &ctx.metrics).await {
+        Ok((_, change)) => {
+            report_child_change::<Service>(&ctx, &owner, &service_name, &change, reconciled_before)
+                .await
+        }
+        Err(error) => failure = failure.or(Some(error)),
+    }
+
+    let now = Time(
+        k8s_openapi::jiff::Timestamp::now()
+            .round(k8s_openapi::jiff::Unit::Second)
+            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now()),
+    );
+    let failure_message = failure.as_ref().map(ToString::to_string);
+    let new_status = status::compute(
+        &app,
+        observed_deployment.as_ref(),
+        failure_message.as_deref(),
+        &now,
+    );
+    write_status_if_changed(&app, &namespace, new_status, &ctx).await?;
+
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(Action::requeue(RESYNC)),
+    }
+}
+
+async fn write_status_if_changed(
+    app: &WebApp,
+    namespace: &str,
+    new_status: crate::api::webapp::WebAppStatus,
+    ctx: &Context,
+) -> Result<()> {
+    if app.status.as_ref() == Some(&new_status) {
+        return Ok(());
+    }
+    let apps: Api<WebApp> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = json!({ "status": new_status });
+    let result = apps
+        .patch_status(
+            &app.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await;
+    ctx.metrics.api_request("patch_status", &result);
+    ctx.metrics
+        .status_writes
+        .get_or_create(&ControllerLabels {
+            controller: CONTROLLER,
+        })
+        .inc();
+    result.map_err(Error::kube(format!(
+        "write status of WebApp {namespace}/{}",
+        app.name_any()
+    )))?;
+    if app.status.as_ref().and_then(|s| s.phase) != new_status.phase {
+        tracing::info!(namespace, name = %app.name_any(), phase = ?new_status.phase, available = new_status.available_replicas, "WebApp phase changed");
+    }
+    Ok(())
+}

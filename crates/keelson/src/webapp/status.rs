@@ -1,0 +1,186 @@
+//! WebApp status, computed from what the cluster reports about the Deployment.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::api::conditions::{DesiredCondition, merge_conditions};
+use crate::api::webapp::{WebApp, WebAppPhase, WebAppStatus};
+
+/// Computes the status `app` should have, given its Deployment as the API
+/// server returned it and the error of this reconcile, if any.
+pub fn compute(
+    app: &WebApp,
+    deployment: Option<&Deployment>,
+    failure: Option<&str>,
+    now: &Time,
+) -> WebAppStatus {
+    let desired = app.spec.replicas;
+    let observed = deployment.and_then(|d| d.status.as_ref());
+    let available = observed.and_then(|s| s.available_replicas).unwrap_or(0);
+    let replicas = observed.and_then(|s| s.replicas).unwrap_or(0);
+    let updated = observed.and_then(|s| s.updated_replicas).unwrap_or(0);
+    let deployment_current = deployment.is_some_and(|d| {
+        let generation = d.metadata.generation.unwrap_or(0);
+        observed.and_then(|s| s.observed_generation).unwrap_or(0) >= generation
+    });
+    let running =
+        deployment_current && available == desired && replicas == desired && updated == desired;
+    let phase = if running {
+        WebAppPhase::Running
+    } else {
+        WebAppPhase::Scaling
+    };
+
+    let available_condition = if available >= desired {
+        DesiredCondition::new(
+            "Available",
+            true,
+            "MinimumReplicasAvailable",
+            format!("{available}/{desired} replicas available"),
+        )
+    } else {
+        DesiredCondition::new(
+            "Available",
+            false,
+            "ReplicasUnavailable",
+            format!("{available}/{desired} replicas available"),
+        )
+    };
+    let progressing_condition = if running {
+        DesiredCondition::new(
+            "Progressing",
+            false,
+            "Complete",
+            "the Deployment matches the spec",
+        )
+    } else {
+        DesiredCondition::new(
+            "Progressing",
+            true,
+            "Scaling",
+            format!("{replicas} pods, {updated} up to date, {available} available; want {desired}"),
+        )
+    };
+    let degraded_condition = match failure {
+        Some(message) => DesiredCondition::new("Degraded", true, "ReconcileFailed", message),
+        None => DesiredCondition::new("Degraded", false, "AsExpected", ""),
+    };
+    let previous = app
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let generation = app.metadata.generation;
+    WebAppStatus {
+        phase: Some(phase),
+        available_replicas: available,
+        replicas,
+        selector: Some(format!(
+            "app={}",
+            app.metadata.name.as_deref().unwrap_or_default()
+        )),
+        observed_generation: generation,
+        conditions: merge_conditions(
+            previous,
+            &[
+                available_condition,
+                progressing_condition,
+                degraded_condition,
+            ],
+            generation,
+            now,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::webapp::tests::sample;
+    use k8s_openapi::api::apps::v1::DeploymentStatus;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn deployment(
+        generation: i64,
+        observed: i64,
+        replicas: i32,
+        updated: i32,
+        available: i32,
+    ) -> Deployment {
+        let mut d = Deployment::default();
+        d.metadata.generation = Some(generation);
+        d.status = Some(DeploymentStatus {
+            observed_generation: Some(observed),
+            replicas: Some(replicas),
+            updated_replicas: Some(updated),
+            available_replicas: Some(available),
+            ..Default::default()
+        });
+        d
+    }
+
+    fn now() -> Time {
+        Time(Timestamp::UNIX_EPOCH)
+    }
+
+    fn condition<'a>(status: &'a WebAppStatus, type_: &str) -> &'a str {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| c.status.as_str())
+            .unwrap_or("missing")
+    }
+
+    #[test]
+    fn all_available_is_running() {
+        let status = compute(&sample(), Some(&deployment(2, 2, 3, 3, 3)), None, &now());
+        assert_eq!(status.phase, Some(WebAppPhase::Running));
+        assert_eq!(status.available_replicas, 3);
+        assert_eq!(condition(&status, "Available"), "True");
+        assert_eq!(condition(&status, "Progressing"), "False");
+        assert_eq!(condition(&status, "Degraded"), "False");
+        assert_eq!(status.selector.as_deref(), Some("app=sandy-app"));
+    }
+
+    #[test]
+    fn extra_pods_after_outside_scale_is_scaling() {
+        let status = compute(&sample(), Some(&deployment(3, 3, 10, 10, 10)), None, &now());
+        assert_eq!(status.phase, Some(WebAppPhase::Scaling));
+        assert_eq!(condition(&status, "Progressing"), "True");
+    }
+
+    #[test]
+    fn unobserved_generation_is_scaling_even_if_counts_match() {
+        let status = compute(&sample(), Some(&deployment(3, 2, 3, 3, 3)), None, &now());
+        assert_eq!(status.phase, Some(WebAppPhase::Scaling));
+    }
+
+    #[test]
+    fn missing_deployment_and_failure_is_degraded() {
+        let status = compute(&sample(), None, Some("apply failed"), &now());
+        assert_eq!(status.phase, Some(WebAppPhase::Scaling));
+        assert_eq!(condition(&status, "Available"), "False");
+        assert_eq!(condition(&status, "Degraded"), "True");
+    }
+
+    #[test]
+    fn zero_replicas_is_running_when_nothing_runs() {
+        let mut app = sample();
+        app.spec.replicas = 0;
+        let status = compute(&app, Some(&deployment(1, 1, 0, 0, 0)), None, &now());
+        assert_eq!(status.phase, Some(WebAppPhase::Running));
+    }
+
+    #[test]
+    fn same_observation_gives_identical_status() {
+        let mut app = sample();
+        let first = compute(&app, Some(&deployment(2, 2, 3, 3, 3)), None, &now());
+        app.status = Some(first.clone());
+        let later = Time(Timestamp::from_second(1000).unwrap_or(Timestamp::UNIX_EPOCH));
+        assert_eq!(
+            compute(&app, Some(&deployment(2, 2, 3, 3, 3)), None, &later),
+            first
+        );
+    }
+}

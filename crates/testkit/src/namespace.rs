@@ -1,0 +1,90 @@
+//! One namespace per test, removed when the test ends, pass or fail.
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use rand::Rng;
+
+pub struct TestNamespace {
+    pub name: String,
+    pub client: Client,
+    keep: bool,
+}
+
+impl TestNamespace {
+    pub(crate) async fn create(client: Client, test_name: &str) -> anyhow::Result<Self> {
+        let suffix: String = rand::rng()
+            .sample_iter(rand::distr::Alphanumeric)
+            .take(6)
+            .map(|c| char::from(c).to_ascii_lowercase())
+            .collect();
+        let stem: String = test_name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
+            .take(40)
+            .collect();
+        let name = format!("t-{}-{suffix}", stem.trim_matches('-'));
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([("keelson.dev/test".to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .with_context(|| format!("cannot create namespace {name}"))?;
+        let keep = std::env::var("KEELSON_KEEP_NAMESPACES").is_ok_and(|v| v == "1");
+        Ok(Self { name, client, keep })
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if self.keep {
+            eprintln!(
+                "keeping namespace {} (KEELSON_KEEP_NAMESPACES=1)",
+                self.name
+            );
+            return;
+        }
+        let name = self.name.clone();
+        let client = self.client.clone();
+        // Drop cannot await; delete from a thread with its own runtime so the
+        // namespace goes even when the test panicked.
+        let deleted = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime
+                .block_on(async {
+                    Api::<Namespace>::all(client)
+                        .delete(&name, &DeleteParams::background())
+                        .await
+                        .ok()
+                })
+                .map(|_| ())
+        })
+        .join();
+        if !matches!(deleted, Ok(Some(()))) {
+            eprintln!("could not delete test namespace {}", self.name);
+        }
+    }
+}
