@@ -38,10 +38,7 @@ impl Error {
     /// A short, bounded label for metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::Kube {
-                source: kube::Error::Api(status),
-                ..
-            } if status.code == 409 => "conflict",
+            Error::Kube { source: kube::Error::Api(status), .. } if status.code == 409 => "conflict",
             Error::Kube { .. } => "kube_api",
             Error::MissingMetadata(_) => "missing_metadata",
             Error::Serialize { .. } => "serialize",

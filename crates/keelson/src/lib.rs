@@ -7,6 +7,7 @@
 pub mod api;
 pub mod error;
 pub mod manifests;
+pub mod mydatabase;
 pub mod operator;
 pub mod runtime;
 pub mod webapp;

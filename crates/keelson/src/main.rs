@@ -7,11 +7,7 @@ use clap::{Parser, Subcommand};
 use keelson::manifests;
 
 #[derive(Parser)]
-#[command(
-    name = "keelson",
-    version,
-    about = "Kubernetes operator for WebApps and PostgreSQL databases"
-)]
+#[command(name = "keelson", version, about = "Kubernetes operator for WebApps and PostgreSQL databases")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -28,11 +28,7 @@ pub struct RunArgs {
     pub leader_election_namespace: Option<String>,
 
     /// Name of the leader Lease.
-    #[arg(
-        long,
-        env = "KEELSON_LEADER_ELECTION_ID",
-        default_value = "keelson-leader"
-    )]
+    #[arg(long, env = "KEELSON_LEADER_ELECTION_ID", default_value = "keelson-leader")]
     pub leader_election_id: String,
 
     /// Address of the Prometheus `/metrics` endpoint.
@@ -79,9 +75,8 @@ pub enum RunError {
 fn init_tracing(args: &RunArgs) -> Result<(), RunError> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .map_err(|e| RunError::LogLevel(args.log_level.clone(), e.to_string()))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi);
     let result = match args.log_format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
@@ -96,14 +91,13 @@ async fn termination_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
@@ -111,6 +105,29 @@ async fn termination_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// Runs both controllers until `shutdown` turns true, draining in-flight
+/// reconciles; `readiness` turns ready once every controller's cache synced.
+pub async fn run_controllers(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    concurrency: u16,
+    readiness: Readiness,
+    shutdown: watch::Receiver<bool>,
+) {
+    const CONTROLLERS: usize = 1;
+    let synced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let on_synced = move || {
+        if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == CONTROLLERS {
+            tracing::info!("caches synced; ready");
+            readiness.set_ready();
+        }
+    };
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    webapp::run(ctx.clone(), namespace.as_deref(), concurrency, on_synced, stopped(shutdown.clone())).await;
 }
 
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
@@ -140,8 +157,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             .clone()
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .unwrap_or_else(|| "default".to_string());
-        let identity =
-            std::env::var("POD_NAME").unwrap_or_else(|_| format!("keelson-{}", std::process::id()));
+        let identity = std::env::var("POD_NAME").unwrap_or_else(|_| format!("keelson-{}", std::process::id()));
         let manager = LeaseManagerBuilder::new(client.clone(), &args.leader_election_id)
             .with_namespace(&namespace)
             .with_identity(&identity)
@@ -205,31 +221,8 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             let _ = shutdown_tx.send(true);
         });
     }
-    let shutdown = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-
-    let synced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let controllers = 1;
-    let on_synced = {
-        let synced = synced.clone();
-        let readiness = readiness.clone();
-        move || {
-            if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == controllers {
-                tracing::info!("caches synced; ready");
-                readiness.set_ready();
-            }
-        }
-    };
     tracing::info!(namespace = ?args.namespace, concurrency = args.concurrency, "starting controllers");
-    webapp::run(
-        ctx.clone(),
-        args.namespace.as_deref(),
-        args.concurrency,
-        on_synced,
-        shutdown(shutdown_rx.clone()),
-    )
-    .await;
+    run_controllers(ctx, args.namespace.clone(), args.concurrency, readiness, shutdown_rx).await;
     metrics.leader.set(0);
 
     if let Some((is_leader, task)) = lease {

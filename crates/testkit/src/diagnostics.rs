@@ -9,12 +9,8 @@ use kube::api::{Api, ListParams};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-async fn list_names<K>(
-    client: &Client,
-    namespace: &str,
-    out: &mut String,
-    describe: impl Fn(&K) -> String,
-) where
+async fn list_names<K>(client: &Client, namespace: &str, out: &mut String, describe: impl Fn(&K) -> String)
+where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
         + DeserializeOwned
@@ -68,10 +64,7 @@ pub async fn dump_namespace(client: Client, namespace: &str) -> String {
     })
     .await;
     list_names::<PersistentVolumeClaim>(&client, namespace, &mut out, |p| {
-        format!(
-            "phase={:?}",
-            p.status.as_ref().and_then(|s| s.phase.clone())
-        )
+        format!("phase={:?}", p.status.as_ref().and_then(|s| s.phase.clone()))
     })
     .await;
     list_names::<Job>(&client, namespace, &mut out, |j| {
@@ -82,10 +75,7 @@ pub async fn dump_namespace(client: Client, namespace: &str) -> String {
         )
     })
     .await;
-    list_names::<CronJob>(&client, namespace, &mut out, |c| {
-        format!("schedule={:?}", c.spec.schedule)
-    })
-    .await;
+    list_names::<CronJob>(&client, namespace, &mut out, |c| format!("schedule={:?}", c.spec.schedule)).await;
     let events: Api<Event> = Api::namespaced(client, namespace);
     match events.list(&ListParams::default()).await {
         Ok(list) => {

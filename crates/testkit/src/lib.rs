@@ -13,7 +13,7 @@ mod wait;
 
 pub use diagnostics::dump_namespace;
 pub use namespace::TestNamespace;
-pub use wait::{DEFAULT_TIMEOUT, wait_for, wait_for_deletion};
+pub use wait::{DEFAULT_TIMEOUT, eventually, wait_for, wait_for_deletion};
 
 use anyhow::Context as _;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -52,16 +52,12 @@ impl Cluster {
 
     async fn try_connect() -> anyhow::Result<Cluster> {
         let path = std::env::var("KUBECONFIG").context("KUBECONFIG is not set")?;
-        let kubeconfig = Kubeconfig::read_from(&path)
-            .with_context(|| format!("cannot read kubeconfig {path}"))?;
+        let kubeconfig = Kubeconfig::read_from(&path).with_context(|| format!("cannot read kubeconfig {path}"))?;
         let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .context("invalid kubeconfig")?;
         let client = Client::try_from(config.clone()).context("cannot build a client")?;
-        client
-            .apiserver_version()
-            .await
-            .context("the API server does not answer")?;
+        client.apiserver_version().await.context("the API server does not answer")?;
         Ok(Cluster { client, config })
     }
 
@@ -80,7 +76,7 @@ impl Cluster {
 
     /// Creates a fresh namespace for one test.
     pub async fn namespace(&self, test_name: &str) -> anyhow::Result<TestNamespace> {
-        TestNamespace::create(self.client.clone(), test_name).await
+        TestNamespace::create(self.client.clone(), self.config.clone(), test_name).await
     }
 }
 
@@ -94,4 +90,17 @@ macro_rules! cluster_or_skip {
             None => return Ok(()),
         }
     };
+}
+
+/// Runs the cluster's `kubectl` (first on PATH after sourcing the cluster's
+/// `env`) as a user would, returning stdout; stderr becomes the error.
+pub fn kubectl(args: &[&str]) -> anyhow::Result<String> {
+    let program = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_string());
+    let output =
+        std::process::Command::new(&program).args(args).output().with_context(|| format!("cannot run {program}"))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        anyhow::bail!("kubectl {} failed: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim())
+    }
 }

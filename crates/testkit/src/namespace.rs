@@ -9,11 +9,12 @@ use rand::Rng;
 pub struct TestNamespace {
     pub name: String,
     pub client: Client,
+    config: kube::Config,
     keep: bool,
 }
 
 impl TestNamespace {
-    pub(crate) async fn create(client: Client, test_name: &str) -> anyhow::Result<Self> {
+    pub(crate) async fn create(client: Client, config: kube::Config, test_name: &str) -> anyhow::Result<Self> {
         let suffix: String = rand::rng()
             .sample_iter(rand::distr::Alphanumeric)
             .take(6)
@@ -21,13 +22,7 @@ impl TestNamespace {
             .collect();
         let stem: String = test_name
             .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_lowercase()
-                } else {
-                    '-'
-                }
-            })
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
             .take(40)
             .collect();
         let name = format!("t-{}-{suffix}", stem.trim_matches('-'));
@@ -44,7 +39,7 @@ impl TestNamespace {
             .await
             .with_context(|| format!("cannot create namespace {name}"))?;
         let keep = std::env::var("KEELSON_KEEP_NAMESPACES").is_ok_and(|v| v == "1");
-        Ok(Self { name, client, keep })
+        Ok(Self { name, client, config, keep })
     }
 
     pub fn api<K>(&self) -> Api<K>
@@ -58,29 +53,21 @@ impl TestNamespace {
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         if self.keep {
-            eprintln!(
-                "keeping namespace {} (KEELSON_KEEP_NAMESPACES=1)",
-                self.name
-            );
+            eprintln!("keeping namespace {} (KEELSON_KEEP_NAMESPACES=1)", self.name);
             return;
         }
         let name = self.name.clone();
-        let client = self.client.clone();
-        // Drop cannot await; delete from a thread with its own runtime so the
-        // namespace goes even when the test panicked.
+        let config = self.config.clone();
+        // Drop cannot await; delete from a thread with its own runtime and its
+        // own client (the test's client is served by the runtime blocked here),
+        // so the namespace goes even when the test panicked.
         let deleted = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime
-                .block_on(async {
-                    Api::<Namespace>::all(client)
-                        .delete(&name, &DeleteParams::background())
-                        .await
-                        .ok()
-                })
-                .map(|_| ())
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async {
+                let client = Client::try_from(config).ok()?;
+                Api::<Namespace>::all(client).delete(&name, &DeleteParams::background()).await.ok()
+            })?;
+            Some(())
         })
         .join();
         if !matches!(deleted, Ok(Some(()))) {

@@ -24,18 +24,9 @@ pub async fn wait_for<K>(
     condition: impl Fn(&K) -> bool,
 ) -> anyhow::Result<K>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + Debug
-        + Serialize
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    let waiting = await_condition(api.clone(), name, move |object: Option<&K>| {
-        object.is_some_and(&condition)
-    });
+    let waiting = await_condition(api.clone(), name, move |object: Option<&K>| object.is_some_and(&condition));
     match tokio::time::timeout(timeout, waiting).await {
         Ok(Ok(Some(object))) => Ok(object),
         Ok(Ok(None)) => bail!("{name} vanished while waiting for {what}"),
@@ -43,21 +34,13 @@ where
         Err(_) => {
             let current = api.get_opt(name).await.ok().flatten();
             let report = report(api, current.as_ref()).await;
-            bail!(
-                "timed out after {timeout:?} waiting for {what} on {} {name}\n{report}",
-                K::kind(&())
-            )
+            bail!("timed out after {timeout:?} waiting for {what} on {} {name}\n{report}", K::kind(&()))
         }
     }
 }
 
 /// Waits until the object `name` no longer exists.
-pub async fn wait_for_deletion<K>(
-    api: &Api<K>,
-    name: &str,
-    what: &str,
-    timeout: Duration,
-) -> anyhow::Result<()>
+pub async fn wait_for_deletion<K>(api: &Api<K>, name: &str, what: &str, timeout: Duration) -> anyhow::Result<()>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static,
 {
@@ -87,4 +70,22 @@ where
         None => String::new(),
     };
     format!("--- object ---\n{object}{namespace_report}")
+}
+
+/// Polls `check` every 100 ms until it returns true, failing after `timeout`.
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

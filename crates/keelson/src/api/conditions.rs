@@ -12,18 +12,8 @@ pub struct DesiredCondition {
 }
 
 impl DesiredCondition {
-    pub fn new(
-        type_: &'static str,
-        status: bool,
-        reason: &'static str,
-        message: impl Into<String>,
-    ) -> Self {
-        Self {
-            type_,
-            status,
-            reason,
-            message: message.into(),
-        }
+    pub fn new(type_: &'static str, status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { type_, status, reason, message: message.into() }
     }
 }
 
@@ -75,18 +65,9 @@ mod tests {
 
     #[test]
     fn transition_time_is_kept_while_status_holds() {
-        let first = merge_conditions(
-            &[],
-            &[DesiredCondition::new("Ready", true, "Ok", "fine")],
-            Some(1),
-            &at(100),
-        );
-        let second = merge_conditions(
-            &first,
-            &[DesiredCondition::new("Ready", true, "Ok", "still fine")],
-            Some(2),
-            &at(200),
-        );
+        let first = merge_conditions(&[], &[DesiredCondition::new("Ready", true, "Ok", "fine")], Some(1), &at(100));
+        let second =
+            merge_conditions(&first, &[DesiredCondition::new("Ready", true, "Ok", "still fine")], Some(2), &at(200));
         assert_eq!(second[0].last_transition_time, at(100));
         assert_eq!(second[0].message, "still fine");
         assert_eq!(second[0].observed_generation, Some(2));
@@ -94,18 +75,9 @@ mod tests {
 
     #[test]
     fn transition_time_moves_when_status_flips() {
-        let first = merge_conditions(
-            &[],
-            &[DesiredCondition::new("Ready", true, "Ok", "")],
-            Some(1),
-            &at(100),
-        );
-        let second = merge_conditions(
-            &first,
-            &[DesiredCondition::new("Ready", false, "Broken", "")],
-            Some(1),
-            &at(200),
-        );
+        let first = merge_conditions(&[], &[DesiredCondition::new("Ready", true, "Ok", "")], Some(1), &at(100));
+        let second =
+            merge_conditions(&first, &[DesiredCondition::new("Ready", false, "Broken", "")], Some(1), &at(200));
         assert_eq!(second[0].last_transition_time, at(200));
         assert_eq!(second[0].status, "False");
     }

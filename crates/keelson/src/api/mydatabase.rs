@@ -24,16 +24,8 @@ pub const SUPPORTED_MAJORS: &[u32] = &[13, 14, 15, 16, 17];
     printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
     printcolumn(name = "Replicas", type_ = "string", json_path = ".status.instances"),
     printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
-    printcolumn(
-        name = "Last Backup",
-        type_ = "date",
-        json_path = ".status.lastBackupTime"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn(name = "Last Backup", type_ = "date", json_path = ".status.lastBackupTime"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MyDatabaseSpec {
@@ -91,9 +83,7 @@ pub struct BackupSpec {
 }
 
 /// What happens to data when a MyDatabase is deleted.
-#[derive(
-    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
-)]
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
 pub enum DeletionPolicy {
     #[default]
     Retain,

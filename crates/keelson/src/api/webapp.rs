@@ -17,16 +17,8 @@ use serde::{Deserialize, Serialize};
     category = "keelson",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
-    printcolumn(
-        name = "Available",
-        type_ = "integer",
-        json_path = ".status.availableReplicas"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    ),
+    printcolumn(name = "Available", type_ = "integer", json_path = ".status.availableReplicas"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     scale(
         spec_replicas_path = ".spec.replicas",
         status_replicas_path = ".status.replicas",
@@ -56,9 +48,7 @@ pub struct WebAppSpec {
 }
 
 /// The kind of Service in front of the pods.
-#[derive(
-    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
-)]
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
 pub enum ServiceType {
     ClusterIP,
     #[default]

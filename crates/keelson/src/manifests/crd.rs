@@ -14,12 +14,7 @@ mod tests {
     use super::*;
 
     fn printer_columns(crd: &CustomResourceDefinition) -> Vec<String> {
-        crd.spec.versions[0]
-            .additional_printer_columns
-            .iter()
-            .flatten()
-            .map(|c| c.name.clone())
-            .collect()
+        crd.spec.versions[0].additional_printer_columns.iter().flatten().map(|c| c.name.clone()).collect()
     }
 
     #[test]
@@ -28,23 +23,10 @@ mod tests {
         assert_eq!(crd.spec.group, "apps.keelson.dev");
         assert_eq!(crd.spec.names.short_names, Some(vec!["wa".to_string()]));
         assert_eq!(crd.spec.names.categories, Some(vec!["keelson".to_string()]));
-        assert_eq!(
-            printer_columns(&crd),
-            ["Phase", "Replicas", "Available", "Age"]
-        );
-        let subresources = crd.spec.versions[0]
-            .subresources
-            .as_ref()
-            .expect("subresources");
+        assert_eq!(printer_columns(&crd), ["Phase", "Replicas", "Available", "Age"]);
+        let subresources = crd.spec.versions[0].subresources.as_ref().expect("subresources");
         assert!(subresources.status.is_some());
-        assert_eq!(
-            subresources
-                .scale
-                .as_ref()
-                .expect("scale")
-                .spec_replicas_path,
-            ".spec.replicas"
-        );
+        assert_eq!(subresources.scale.as_ref().expect("scale").spec_replicas_path, ".spec.replicas");
     }
 
     #[test]
@@ -53,10 +35,7 @@ mod tests {
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
         assert_eq!(spec["required"], serde_json::json!(["image"]));
         assert_eq!(spec["properties"]["replicas"]["default"], 1);
-        assert_eq!(
-            spec["properties"]["replicas"]["minimum"].as_f64(),
-            Some(0.0)
-        );
+        assert_eq!(spec["properties"]["replicas"]["minimum"].as_f64(), Some(0.0));
         assert_eq!(spec["properties"]["image"]["minLength"], 1);
         assert_eq!(spec["properties"]["port"]["default"], 80);
         assert_eq!(spec["properties"]["serviceType"]["default"], "NodePort");
@@ -65,10 +44,7 @@ mod tests {
             serde_json::json!(["ClusterIP", "NodePort", "LoadBalancer"])
         );
         for field in ["replicas", "image", "port", "serviceType"] {
-            assert!(
-                spec["properties"][field]["description"].is_string(),
-                "{field} lacks a description"
-            );
+            assert!(spec["properties"][field]["description"].is_string(), "{field} lacks a description");
         }
     }
 
@@ -76,17 +52,7 @@ mod tests {
     fn mydatabase_crd_has_transition_rules() {
         let crd = MyDatabase::crd();
         assert_eq!(crd.spec.names.short_names, Some(vec!["mydb".to_string()]));
-        assert_eq!(
-            printer_columns(&crd),
-            [
-                "Phase",
-                "Ready",
-                "Replicas",
-                "Version",
-                "Last Backup",
-                "Age"
-            ]
-        );
+        assert_eq!(printer_columns(&crd), ["Phase", "Ready", "Replicas", "Version", "Last Backup", "Age"]);
         let text = serde_json::to_string(&crd).expect("serializes");
         assert!(text.contains("storage may grow but never shrink"));
         assert!(text.contains("x-kubernetes-validations"));

@@ -2,6 +2,7 @@
 //! objects beside them. Nothing here is written by hand in YAML.
 
 pub mod crd;
+pub mod rbac;
 
 use serde::Serialize;
 
@@ -11,10 +12,7 @@ use crate::{Error, Result};
 pub fn to_yaml_stream<T: Serialize>(objects: &[T]) -> Result<String> {
     let mut out = String::new();
     for object in objects {
-        let value = serde_json::to_value(object).map_err(|source| Error::Serialize {
-            what: "manifest",
-            source,
-        })?;
+        let value = serde_json::to_value(object).map_err(|source| Error::Serialize { what: "manifest", source })?;
         out.push_str("---\n");
         out.push_str(&serde_yaml::to_string(&value).unwrap_or_default());
     }

@@ -30,32 +30,19 @@ pub enum ChildChange {
 
 /// 64-bit FNV-1a: stable across builds, unlike `std`'s hasher.
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x100000001b3)
-    })
+    bytes.iter().fold(0xcbf29ce484222325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x100000001b3))
 }
 
 /// Stamps `desired` with the hash of its own content.
 pub fn stamp_desired_hash<K: Resource + Serialize>(desired: &mut K) -> Result<()> {
-    let json = serde_json::to_vec(desired).map_err(|source| Error::Serialize {
-        what: "desired child",
-        source,
-    })?;
+    let json = serde_json::to_vec(desired).map_err(|source| Error::Serialize { what: "desired child", source })?;
     let hash = format!("{:016x}", fnv1a(&json));
-    desired
-        .meta_mut()
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(DESIRED_HASH_ANNOTATION.into(), hash);
+    desired.meta_mut().annotations.get_or_insert_with(Default::default).insert(DESIRED_HASH_ANNOTATION.into(), hash);
     Ok(())
 }
 
 fn desired_hash<K: Resource>(object: &K) -> Option<&String> {
-    object
-        .meta()
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(DESIRED_HASH_ANNOTATION))
+    object.meta().annotations.as_ref().and_then(|a| a.get(DESIRED_HASH_ANNOTATION))
 }
 
 /// Compares `actual` to `desired` (already stamped) and says what applying would be.
@@ -63,14 +50,8 @@ pub fn classify<K: Resource + Serialize>(desired: &K, actual: Option<&K>) -> Res
     let Some(actual) = actual else {
         return Ok(ChildChange::Created);
     };
-    let want = serde_json::to_value(desired).map_err(|source| Error::Serialize {
-        what: "desired child",
-        source,
-    })?;
-    let have = serde_json::to_value(actual).map_err(|source| Error::Serialize {
-        what: "actual child",
-        source,
-    })?;
+    let want = serde_json::to_value(desired).map_err(|source| Error::Serialize { what: "desired child", source })?;
+    let have = serde_json::to_value(actual).map_err(|source| Error::Serialize { what: "actual child", source })?;
     let drifts = drift::diff(&want, &have);
     Ok(if drifts.is_empty() {
         ChildChange::Unchanged
@@ -82,11 +63,7 @@ pub fn classify<K: Resource + Serialize>(desired: &K, actual: Option<&K>) -> Res
 }
 
 /// Reads the child, and applies `desired` only if it is missing or differs.
-pub async fn apply_child<K>(
-    api: &Api<K>,
-    mut desired: K,
-    metrics: &Metrics,
-) -> Result<(K, ChildChange)>
+pub async fn apply_child<K>(api: &Api<K>, mut desired: K, metrics: &Metrics) -> Result<(K, ChildChange)>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
 {
@@ -100,13 +77,7 @@ where
     if let (ChildChange::Unchanged, Some(actual)) = (&change, actual) {
         return Ok((actual, ChildChange::Unchanged));
     }
-    let applied = api
-        .patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&desired),
-        )
-        .await;
+    let applied = api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await;
     metrics.api_request("apply", &applied);
     let applied = applied.map_err(Error::kube(format!("apply {kind} {name}")))?;
     Ok((applied, change))
@@ -120,10 +91,7 @@ mod tests {
 
     fn config_map(value: &str) -> ConfigMap {
         ConfigMap {
-            metadata: ObjectMeta {
-                name: Some("c".into()),
-                ..Default::default()
-            },
+            metadata: ObjectMeta { name: Some("c".into()), ..Default::default() },
             data: Some([("k".to_string(), value.to_string())].into()),
             ..Default::default()
         }
@@ -137,19 +105,13 @@ mod tests {
 
     #[test]
     fn missing_child_is_created() {
-        assert_eq!(
-            classify(&stamped("a"), None).expect("ok"),
-            ChildChange::Created
-        );
+        assert_eq!(classify(&stamped("a"), None).expect("ok"), ChildChange::Created);
     }
 
     #[test]
     fn equal_child_is_unchanged() {
         let desired = stamped("a");
-        assert_eq!(
-            classify(&desired, Some(&desired.clone())).expect("ok"),
-            ChildChange::Unchanged
-        );
+        assert_eq!(classify(&desired, Some(&desired.clone())).expect("ok"), ChildChange::Unchanged);
     }
 
     #[test]
@@ -161,21 +123,12 @@ mod tests {
             matches!(classify(&desired, Some(&edited)).expect("ok"), ChildChange::DriftCorrected(d) if d[0].path == "data.k")
         );
         let new_desired = stamped("c");
-        assert!(matches!(
-            classify(&new_desired, Some(&desired)).expect("ok"),
-            ChildChange::Updated(_)
-        ));
+        assert!(matches!(classify(&new_desired, Some(&desired)).expect("ok"), ChildChange::Updated(_)));
     }
 
     #[test]
     fn hash_is_stable() {
-        assert_eq!(
-            stamped("a").metadata.annotations,
-            stamped("a").metadata.annotations
-        );
-        assert_ne!(
-            stamped("a").metadata.annotations,
-            stamped("b").metadata.annotations
-        );
+        assert_eq!(stamped("a").metadata.annotations, stamped("a").metadata.annotations);
+        assert_ne!(stamped("a").metadata.annotations, stamped("b").metadata.annotations);
     }
 }

@@ -22,10 +22,7 @@ pub struct Context {
 
 impl Context {
     pub fn new(client: Client, metrics: Arc<Metrics>) -> Arc<Self> {
-        let reporter = Reporter {
-            controller: "keelson".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
+        let reporter = Reporter { controller: "keelson".into(), instance: std::env::var("POD_NAME").ok() };
         Arc::new(Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
@@ -35,21 +32,8 @@ impl Context {
     }
 
     /// Publishes an Event on `regarding`; a failure to publish is logged, never fatal.
-    pub async fn event(
-        &self,
-        regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: action.into(),
-            secondary: None,
-        };
+    pub async fn event(&self, regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
+        let event = Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
         let result = self.recorder.publish(&event, regarding).await;
         self.metrics.api_request("create", &result);
         if let Err(error) = result {
@@ -70,10 +54,7 @@ impl Backoff {
 
     /// Records one more failure of `key` and returns how long to wait before retrying.
     pub fn next_delay(&self, key: &str) -> Duration {
-        let mut failures = self
-            .failures
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut failures = self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let count = failures.entry(key.to_string()).or_insert(0);
         *count = count.saturating_add(1);
         let factor = 2u32.saturating_pow(count.saturating_sub(1).min(20));
@@ -81,10 +62,7 @@ impl Backoff {
     }
 
     pub fn reset(&self, key: &str) {
-        let mut failures = self
-            .failures
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut failures = self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         failures.remove(key);
     }
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 
 use super::apply::ChildChange;
@@ -16,12 +17,26 @@ use super::metrics::{ChildWriteLabels, ControllerLabels, DriftLabels, ErrorLabel
 use crate::{Error, Result};
 
 pub fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
-    format!(
-        "{}/{}/{}",
-        K::kind(&()),
-        object.namespace().unwrap_or_default(),
-        object.name_any()
-    )
+    format!("{}/{}/{}", K::kind(&()), object.namespace().unwrap_or_default(), object.name_any())
+}
+
+/// Calls `on_synced` once `store` has its first full list.
+///
+/// kube-runtime's ready signal wakes only the last task that polled it, and the
+/// controller polls it too, so poll again on a short timer instead of waiting
+/// for a wake-up that may never come.
+pub async fn notify_when_synced<K>(store: Store<K>, on_synced: impl FnOnce())
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_millis(100), store.wait_until_ready()).await {
+            Ok(Ok(())) => return on_synced(),
+            Ok(Err(_)) => return,
+            Err(_) => continue,
+        }
+    }
 }
 
 /// Runs one reconcile with metrics, and forgets the object's backoff on success.
@@ -38,30 +53,17 @@ where
 {
     let labels = ControllerLabels { controller };
     ctx.metrics.reconciles.get_or_create(&labels).inc();
-    let in_flight = ctx
-        .metrics
-        .reconciles_in_flight
-        .get_or_create(&labels)
-        .clone();
+    let in_flight = ctx.metrics.reconciles_in_flight.get_or_create(&labels).clone();
     in_flight.inc();
     let started = Instant::now();
     let key = object_key(object.as_ref());
     let result = reconcile(object, ctx.clone()).await;
-    ctx.metrics
-        .reconcile_duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
+    ctx.metrics.reconcile_duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     in_flight.dec();
     match &result {
         Ok(_) => ctx.backoff.reset(&key),
         Err(error) => {
-            ctx.metrics
-                .reconcile_errors
-                .get_or_create(&ErrorLabels {
-                    controller,
-                    error: error.metric_label(),
-                })
-                .inc();
+            ctx.metrics.reconcile_errors.get_or_create(&ErrorLabels { controller, error: error.metric_label() }).inc();
         }
     }
     result
@@ -69,11 +71,7 @@ where
 
 /// Decides when a failed reconcile runs again: per-object exponential backoff,
 /// quietly for conflicts, which only mean our cached copy was stale.
-pub fn error_policy<K: Resource<DynamicType = ()>>(
-    object: Arc<K>,
-    error: &Error,
-    ctx: Arc<Context>,
-) -> Action {
+pub fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = object_key(object.as_ref());
     if let Some(delay) = error.fixed_retry() {
         tracing::debug!(object = %key, %error, "waiting");
@@ -110,45 +108,22 @@ pub async fn report_child_change<C: Resource<DynamicType = ()>>(
             );
             ctx.metrics
                 .drift_corrections
-                .get_or_create(&DriftLabels {
-                    kind: kind.clone(),
-                    field: "(deleted)".into(),
-                })
+                .get_or_create(&DriftLabels { kind: kind.clone(), field: "(deleted)".into() })
                 .inc();
             let note = format!("{kind} {child_name} was deleted by someone else; recreated it");
-            ctx.event(
-                owner,
-                EventType::Warning,
-                "DriftCorrected",
-                "Recreate",
-                note,
-            )
-            .await;
+            ctx.event(owner, EventType::Warning, "DriftCorrected", "Recreate", note).await;
             "create"
         }
         ChildChange::Created => {
-            tracing::info!(
-                namespace,
-                name = owner_name,
-                child = child_name,
-                "creating {kind}"
-            );
-            ctx.event(
-                owner,
-                EventType::Normal,
-                "Created",
-                "Create",
-                format!("Created {kind} {child_name}"),
-            )
-            .await;
+            tracing::info!(namespace, name = owner_name, child = child_name, "creating {kind}");
+            ctx.event(owner, EventType::Normal, "Created", "Create", format!("Created {kind} {child_name}")).await;
             "create"
         }
         ChildChange::Updated(fields) => {
             let paths: Vec<&str> = fields.iter().map(|f| f.path.as_str()).collect();
             tracing::info!(namespace, name = owner_name, child = child_name, fields = ?paths, "updating {kind} to the new spec");
             let note = format!("Updated {kind} {child_name}: {}", paths.join(", "));
-            ctx.event(owner, EventType::Normal, "Updated", "Update", note)
-                .await;
+            ctx.event(owner, EventType::Normal, "Updated", "Update", note).await;
             "update"
         }
         ChildChange::DriftCorrected(fields) => {
@@ -165,35 +140,16 @@ pub async fn report_child_change<C: Resource<DynamicType = ()>>(
                 );
                 ctx.metrics
                     .drift_corrections
-                    .get_or_create(&DriftLabels {
-                        kind: kind.clone(),
-                        field: field.field(),
-                    })
+                    .get_or_create(&DriftLabels { kind: kind.clone(), field: field.field() })
                     .inc();
-                notes.push(format!(
-                    "{} was {}, set back to {}",
-                    field.path, field.actual, field.desired
-                ));
+                notes.push(format!("{} was {}, set back to {}", field.path, field.actual, field.desired));
             }
-            let note = format!(
-                "{kind} {child_name} was changed by someone else: {}",
-                notes.join("; ")
-            );
-            ctx.event(
-                owner,
-                EventType::Warning,
-                "DriftCorrected",
-                "Update",
-                truncate(note, 1000),
-            )
-            .await;
+            let note = format!("{kind} {child_name} was changed by someone else: {}", notes.join("; "));
+            ctx.event(owner, EventType::Warning, "DriftCorrected", "Update", truncate(note, 1000)).await;
             "drift_correct"
         }
     };
-    ctx.metrics
-        .child_writes
-        .get_or_create(&ChildWriteLabels { kind, action })
-        .inc();
+    ctx.metrics.child_writes.get_or_create(&ChildWriteLabels { kind, action }).inc();
 }
 
 fn truncate(mut text: String, max: usize) -> String {

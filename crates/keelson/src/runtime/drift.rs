@@ -40,11 +40,7 @@ pub fn diff(desired: &Value, actual: &Value) -> Vec<FieldDrift> {
 }
 
 fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_string()
-    } else {
-        format!("{path}.{key}")
-    }
+    if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }
 }
 
 fn walk(desired: &Value, actual: &Value, path: String, out: &mut Vec<FieldDrift>) {
@@ -55,21 +51,13 @@ fn walk(desired: &Value, actual: &Value, path: String, out: &mut Vec<FieldDrift>
                 match have.get(key) {
                     Some(have_value) => walk(want_value, have_value, child_path, out),
                     None if want_value.is_null() => {}
-                    None => out.push(FieldDrift {
-                        path: child_path,
-                        desired: want_value.clone(),
-                        actual: Value::Null,
-                    }),
+                    None => out.push(FieldDrift { path: child_path, desired: want_value.clone(), actual: Value::Null }),
                 }
             }
         }
         (Value::Array(want), Value::Array(have)) => walk_list(want, have, &path, out),
         (want, have) if numbers_equal(want, have) || want == have => {}
-        (want, have) => out.push(FieldDrift {
-            path,
-            desired: want.clone(),
-            actual: have.clone(),
-        }),
+        (want, have) => out.push(FieldDrift { path, desired: want.clone(), actual: have.clone() }),
     }
 }
 
@@ -81,9 +69,7 @@ fn numbers_equal(a: &Value, b: &Value) -> bool {
 const LIST_KEYS: &[&str] = &["name", "uid", "containerPort", "port", "key", "mountPath"];
 
 fn list_key(element: &Value) -> Option<(&'static str, &Value)> {
-    LIST_KEYS
-        .iter()
-        .find_map(|k| element.get(*k).map(|v| (*k, v)))
+    LIST_KEYS.iter().find_map(|k| element.get(*k).map(|v| (*k, v)))
 }
 
 fn walk_list(want: &[Value], have: &[Value], path: &str, out: &mut Vec<FieldDrift>) {
@@ -101,29 +87,18 @@ fn walk_list(want: &[Value], have: &[Value], path: &str, out: &mut Vec<FieldDrif
     for (index, element) in want.iter().enumerate() {
         match list_key(element) {
             Some((key, value)) => {
-                let label = value
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| value.to_string());
+                let label = value.as_str().map(str::to_string).unwrap_or_else(|| value.to_string());
                 let element_path = format!("{path}[{label}]");
                 match have.iter().find(|h| h.get(key) == Some(value)) {
                     Some(found) => walk(element, found, element_path, out),
-                    None => out.push(FieldDrift {
-                        path: element_path,
-                        desired: element.clone(),
-                        actual: Value::Null,
-                    }),
+                    None => out.push(FieldDrift { path: element_path, desired: element.clone(), actual: Value::Null }),
                 }
             }
             None => {
                 let element_path = format!("{path}[{index}]");
                 match have.get(index) {
                     Some(found) => walk(element, found, element_path, out),
-                    None => out.push(FieldDrift {
-                        path: element_path,
-                        desired: element.clone(),
-                        actual: Value::Null,
-                    }),
+                    None => out.push(FieldDrift { path: element_path, desired: element.clone(), actual: Value::Null }),
                 }
             }
         }
@@ -147,20 +122,14 @@ mod tests {
         let desired = json!({"spec": {"replicas": 3}});
         let actual = json!({"spec": {"replicas": 10}});
         let drifts = diff(&desired, &actual);
-        assert_eq!(
-            drifts,
-            vec![FieldDrift {
-                path: "spec.replicas".into(),
-                desired: json!(3),
-                actual: json!(10)
-            }]
-        );
+        assert_eq!(drifts, vec![FieldDrift { path: "spec.replicas".into(), desired: json!(3), actual: json!(10) }]);
     }
 
     #[test]
     fn keyed_list_elements_are_matched_by_name() {
         let desired = json!({"containers": [{"name": "webapp", "image": "nginx:1.25"}]});
-        let actual = json!({"containers": [{"name": "sidecar", "image": "x"}, {"name": "webapp", "image": "nginx:1.26"}]});
+        let actual =
+            json!({"containers": [{"name": "sidecar", "image": "x"}, {"name": "webapp", "image": "nginx:1.26"}]});
         let drifts = diff(&desired, &actual);
         assert_eq!(drifts.len(), 1);
         assert_eq!(drifts[0].path, "containers[webapp].image");
@@ -172,20 +141,14 @@ mod tests {
     fn missing_field_and_missing_element_are_drift() {
         let desired = json!({"metadata": {"labels": {"app": "a"}}, "ports": [{"port": 80}]});
         let actual = json!({"metadata": {}, "ports": [{"port": 8080}]});
-        let paths: Vec<_> = diff(&desired, &actual)
-            .into_iter()
-            .map(|d| d.path)
-            .collect();
+        let paths: Vec<_> = diff(&desired, &actual).into_iter().map(|d| d.path).collect();
         assert_eq!(paths, vec!["metadata.labels", "ports[80]"]);
     }
 
     #[test]
     fn scalar_lists_must_match_exactly() {
         assert!(diff(&json!({"args": ["a"]}), &json!({"args": ["a"]})).is_empty());
-        assert_eq!(
-            diff(&json!({"args": ["a"]}), &json!({"args": ["a", "b"]})).len(),
-            1
-        );
+        assert_eq!(diff(&json!({"args": ["a"]}), &json!({"args": ["a", "b"]})).len(), 1);
     }
 
     #[test]

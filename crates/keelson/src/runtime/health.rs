@@ -40,33 +40,19 @@ async fn readyz(State(readiness): State<Readiness>) -> impl IntoResponse {
 }
 
 async fn render_metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], metrics.render())
 }
 
 pub fn health_router(readiness: Readiness) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(readiness)
+    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).with_state(readiness)
 }
 
 pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route("/metrics", get(render_metrics))
-        .with_state(metrics)
+    Router::new().route("/metrics", get(render_metrics)).with_state(metrics)
 }
 
 /// Binds `addr` and serves `router` until the process ends.
-pub async fn serve(
-    addr: SocketAddr,
-    router: Router,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
+pub async fn serve(addr: SocketAddr, router: Router) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving HTTP");
     Ok(tokio::spawn(async move {

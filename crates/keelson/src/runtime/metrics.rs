@@ -51,9 +51,7 @@ pub struct Metrics {
 }
 
 fn duration_histogram() -> Histogram {
-    Histogram::new([
-        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-    ])
+    Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
 }
 
 impl Default for Metrics {
@@ -61,35 +59,22 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("keelson");
         let reconciles = Family::<ControllerLabels, Counter>::default();
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
-        let reconcile_duration = Family::<ControllerLabels, Histogram>::new_with_constructor(
-            duration_histogram as fn() -> Histogram,
-        );
+        let reconcile_duration =
+            Family::<ControllerLabels, Histogram>::new_with_constructor(duration_histogram as fn() -> Histogram);
         let reconciles_in_flight = Family::<ControllerLabels, Gauge>::default();
         let drift_corrections = Family::<DriftLabels, Counter>::default();
         let child_writes = Family::<ChildWriteLabels, Counter>::default();
         let status_writes = Family::<ControllerLabels, Counter>::default();
         let api_requests = Family::<ApiRequestLabels, Counter>::default();
         let leader = Gauge::default();
-        registry.register(
-            "reconcile",
-            "Reconciles started, per controller",
-            reconciles.clone(),
-        );
+        registry.register("reconcile", "Reconciles started, per controller", reconciles.clone());
         registry.register(
             "reconcile_errors",
             "Reconciles that ended in an error, per controller and error kind",
             reconcile_errors.clone(),
         );
-        registry.register(
-            "reconcile_duration_seconds",
-            "Time spent in one reconcile",
-            reconcile_duration.clone(),
-        );
-        registry.register(
-            "reconciles_in_flight",
-            "Reconciles running now",
-            reconciles_in_flight.clone(),
-        );
+        registry.register("reconcile_duration_seconds", "Time spent in one reconcile", reconcile_duration.clone());
+        registry.register("reconciles_in_flight", "Reconciles running now", reconciles_in_flight.clone());
         registry.register(
             "drift_corrections",
             "Fields of child objects changed by someone else and set back",
@@ -100,11 +85,7 @@ impl Default for Metrics {
             "Child objects created or updated by server-side apply",
             child_writes.clone(),
         );
-        registry.register(
-            "status_writes",
-            "Status subresource writes, per controller",
-            status_writes.clone(),
-        );
+        registry.register("status_writes", "Status subresource writes, per controller", status_writes.clone());
         registry.register(
             "kubernetes_requests",
             "Kubernetes API requests made by the controllers, by verb and result",
@@ -147,9 +128,7 @@ impl Metrics {
             Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
             Err(_) => "error",
         };
-        self.api_requests
-            .get_or_create(&ApiRequestLabels { verb, result })
-            .inc();
+        self.api_requests.get_or_create(&ApiRequestLabels { verb, result }).inc();
     }
 }
 
@@ -160,39 +139,18 @@ mod tests {
     #[test]
     fn metric_names_follow_prometheus_conventions() {
         let metrics = Metrics::default();
-        metrics
-            .reconciles
-            .get_or_create(&ControllerLabels {
-                controller: "webapp",
-            })
-            .inc();
+        metrics.reconciles.get_or_create(&ControllerLabels { controller: "webapp" }).inc();
         metrics
             .drift_corrections
-            .get_or_create(&DriftLabels {
-                kind: "Deployment".into(),
-                field: "spec.replicas".into(),
-            })
+            .get_or_create(&DriftLabels { kind: "Deployment".into(), field: "spec.replicas".into() })
             .inc();
-        metrics
-            .reconcile_duration
-            .get_or_create(&ControllerLabels {
-                controller: "webapp",
-            })
-            .observe(0.01);
+        metrics.reconcile_duration.get_or_create(&ControllerLabels { controller: "webapp" }).observe(0.01);
         let text = metrics.render();
+        assert!(text.contains("keelson_reconcile_total{controller=\"webapp\"} 1"), "{text}");
         assert!(
-            text.contains("keelson_reconcile_total{controller=\"webapp\"} 1"),
+            text.contains("keelson_drift_corrections_total{kind=\"Deployment\",field=\"spec.replicas\"} 1"),
             "{text}"
         );
-        assert!(
-            text.contains(
-                "keelson_drift_corrections_total{kind=\"Deployment\",field=\"spec.replicas\"} 1"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains("# TYPE keelson_reconcile_duration_seconds histogram"),
-            "{text}"
-        );
+        assert!(text.contains("# TYPE keelson_reconcile_duration_seconds histogram"), "{text}");
     }
 }

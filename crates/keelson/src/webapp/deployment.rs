@@ -28,9 +28,9 @@ pub fn labels(app: &WebApp) -> BTreeMap<String, String> {
 }
 
 pub fn owner_meta(app: &WebApp, name: String) -> Result<ObjectMeta> {
-    let owner = app.controller_owner_ref(&()).ok_or_else(|| {
-        Error::MissingMetadata(format!("WebApp {} has no uid yet", app.name_any()))
-    })?;
+    let owner = app
+        .controller_owner_ref(&())
+        .ok_or_else(|| Error::MissingMetadata(format!("WebApp {} has no uid yet", app.name_any())))?;
     Ok(ObjectMeta {
         name: Some(name),
         namespace: app.namespace(),
@@ -46,15 +46,9 @@ pub fn build(app: &WebApp) -> Result<Deployment> {
         metadata: owner_meta(app, app.name_any())?,
         spec: Some(DeploymentSpec {
             replicas: Some(app.spec.replicas),
-            selector: LabelSelector {
-                match_labels: Some(selector_labels(app)),
-                ..Default::default()
-            },
+            selector: LabelSelector { match_labels: Some(selector_labels(app)), ..Default::default() },
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels(app)),
-                    ..Default::default()
-                }),
+                metadata: Some(ObjectMeta { labels: Some(labels(app)), ..Default::default() }),
                 spec: Some(PodSpec {
                     containers: vec![Container {
                         name: CONTAINER_NAME.into(),
@@ -86,43 +80,18 @@ mod tests {
         let deployment = build(&sample()).expect("builds");
         assert_eq!(deployment.metadata.name.as_deref(), Some("sandy-app"));
         assert_eq!(deployment.metadata.namespace.as_deref(), Some("default"));
-        let owner = &deployment
-            .metadata
-            .owner_references
-            .as_ref()
-            .expect("owned")[0];
-        assert_eq!(
-            (owner.kind.as_str(), owner.controller),
-            ("WebApp", Some(true))
-        );
+        let owner = &deployment.metadata.owner_references.as_ref().expect("owned")[0];
+        assert_eq!((owner.kind.as_str(), owner.controller), ("WebApp", Some(true)));
         let spec = deployment.spec.expect("spec");
         assert_eq!(spec.replicas, Some(3));
-        assert_eq!(
-            spec.selector.match_labels,
-            Some([("app".to_string(), "sandy-app".to_string())].into())
-        );
-        let template_labels = spec
-            .template
-            .metadata
-            .and_then(|m| m.labels)
-            .expect("labels");
-        assert_eq!(
-            template_labels.get("app").map(String::as_str),
-            Some("sandy-app")
-        );
-        assert_eq!(
-            template_labels
-                .get("app.kubernetes.io/managed-by")
-                .map(String::as_str),
-            Some("keelson")
-        );
+        assert_eq!(spec.selector.match_labels, Some([("app".to_string(), "sandy-app".to_string())].into()));
+        let template_labels = spec.template.metadata.and_then(|m| m.labels).expect("labels");
+        assert_eq!(template_labels.get("app").map(String::as_str), Some("sandy-app"));
+        assert_eq!(template_labels.get("app.kubernetes.io/managed-by").map(String::as_str), Some("keelson"));
         let container = &spec.template.spec.expect("pod spec").containers[0];
         assert_eq!(container.name, "webapp");
         assert_eq!(container.image.as_deref(), Some("nginx:1.25-alpine"));
-        assert_eq!(
-            container.ports.as_ref().expect("ports")[0].container_port,
-            80
-        );
+        assert_eq!(container.ports.as_ref().expect("ports")[0].container_port, 80);
     }
 
     #[test]

@@ -17,8 +17,17 @@ use kube::runtime::controller::{self, Controller};
 use kube::runtime::watcher;
 
 use crate::api::WebApp;
+use crate::manifests::rbac::Permission;
 use crate::runtime::controller::{error_policy, instrumented};
 use crate::runtime::{Context, MANAGED_BY_SELECTOR};
+
+/// What the WebApp controller does with the API, and nothing more.
+pub const RBAC: &[Permission] = &[
+    Permission { group: "apps.keelson.dev", resources: &["webapps"], verbs: &["get", "list", "watch"] },
+    Permission { group: "apps.keelson.dev", resources: &["webapps/status"], verbs: &["get", "patch", "update"] },
+    Permission { group: "apps", resources: &["deployments"], verbs: &["get", "list", "watch", "create", "patch"] },
+    Permission { group: "", resources: &["services"], verbs: &["get", "list", "watch", "create", "patch"] },
+];
 
 /// Runs the WebApp controller until `shutdown` resolves; calls `on_synced`
 /// once the WebApp cache is filled.
@@ -30,37 +39,21 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let (apps, deployments, services): (Api<WebApp>, Api<Deployment>, Api<Service>) =
-        match namespace {
-            Some(ns) => (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client, ns),
-            ),
-            None => (
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-                Api::all(client),
-            ),
-        };
+    let (apps, deployments, services): (Api<WebApp>, Api<Deployment>, Api<Service>) = match namespace {
+        Some(ns) => {
+            (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns), Api::namespaced(client, ns))
+        }
+        None => (Api::all(client.clone()), Api::all(client.clone()), Api::all(client)),
+    };
     let owned = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
     let controller = Controller::new(apps, watcher::Config::default())
         .owns(deployments, owned.clone())
         .owns(services, owned)
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown);
-    let store = controller.store();
-    tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
-            on_synced();
-        }
-    });
+    tokio::spawn(crate::runtime::controller::notify_when_synced(controller.store(), on_synced));
     controller
-        .run(
-            |app, ctx| instrumented(reconcile::CONTROLLER, app, ctx, reconcile::reconcile),
-            error_policy,
-            ctx,
-        )
+        .run(|app, ctx| instrumented(reconcile::CONTROLLER, app, ctx, reconcile::reconcile), error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
 }

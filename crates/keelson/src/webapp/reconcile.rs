@@ -25,19 +25,14 @@ pub const CONTROLLER: &str = "webapp";
 const RESYNC: Duration = Duration::from_secs(3600);
 
 pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
-    let namespace = app.namespace().ok_or_else(|| {
-        Error::MissingMetadata(format!("WebApp {} has no namespace", app.name_any()))
-    })?;
+    let namespace =
+        app.namespace().ok_or_else(|| Error::MissingMetadata(format!("WebApp {} has no namespace", app.name_any())))?;
     if app.meta().deletion_timestamp.is_some() {
         // Owner references hand the children to the garbage collector.
         return Ok(Action::await_change());
     }
     let owner = app.object_ref(&());
-    let reconciled_before = app
-        .status
-        .as_ref()
-        .and_then(|s| s.observed_generation)
-        .is_some();
+    let reconciled_before = app.status.as_ref().and_then(|s| s.observed_generation).is_some();
 
     let desired_deployment = deployment::build(&app)?;
     let desired_service = service::build(&app)?;
@@ -47,29 +42,20 @@ pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
     let mut failure: Option<Error> = None;
 
     let deployment_name = app.name_any();
-    let observed_deployment =
-        match apply_child(&deployments, desired_deployment, &ctx.metrics).await {
-            Ok((applied, change)) => {
-                report_child_change::<Deployment>(
-                    &ctx,
-                    &owner,
-                    &deployment_name,
-                    &change,
-                    reconciled_before,
-                )
-                .await;
-                Some(applied)
-            }
-            Err(error) => {
-                failure = Some(error);
-                None
-            }
-        };
+    let observed_deployment = match apply_child(&deployments, desired_deployment, &ctx.metrics).await {
+        Ok((applied, change)) => {
+            report_child_change::<Deployment>(&ctx, &owner, &deployment_name, &change, reconciled_before).await;
+            Some(applied)
+        }
+        Err(error) => {
+            failure = Some(error);
+            None
+        }
+    };
     let service_name = service::name(&app);
     match apply_child(&services, desired_service, &ctx.metrics).await {
         Ok((_, change)) => {
-            report_child_change::<Service>(&ctx, &owner, &service_name, &change, reconciled_before)
-                .await
+            report_child_change::<Service>(&ctx, &owner, &service_name, &change, reconciled_before).await
         }
         Err(error) => failure = failure.or(Some(error)),
     }
@@ -80,12 +66,7 @@ pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
             .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now()),
     );
     let failure_message = failure.as_ref().map(ToString::to_string);
-    let new_status = status::compute(
-        &app,
-        observed_deployment.as_ref(),
-        failure_message.as_deref(),
-        &now,
-    );
+    let new_status = status::compute(&app, observed_deployment.as_ref(), failure_message.as_deref(), &now);
     write_status_if_changed(&app, &namespace, new_status, &ctx).await?;
 
     match failure {
@@ -105,24 +86,10 @@ async fn write_status_if_changed(
     }
     let apps: Api<WebApp> = Api::namespaced(ctx.client.clone(), namespace);
     let patch = json!({ "status": new_status });
-    let result = apps
-        .patch_status(
-            &app.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await;
+    let result = apps.patch_status(&app.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
     ctx.metrics.api_request("patch_status", &result);
-    ctx.metrics
-        .status_writes
-        .get_or_create(&ControllerLabels {
-            controller: CONTROLLER,
-        })
-        .inc();
-    result.map_err(Error::kube(format!(
-        "write status of WebApp {namespace}/{}",
-        app.name_any()
-    )))?;
+    ctx.metrics.status_writes.get_or_create(&ControllerLabels { controller: CONTROLLER }).inc();
+    result.map_err(Error::kube(format!("write status of WebApp {namespace}/{}", app.name_any())))?;
     if app.status.as_ref().and_then(|s| s.phase) != new_status.phase {
         tracing::info!(namespace, name = %app.name_any(), phase = ?new_status.phase, available = new_status.available_replicas, "WebApp phase changed");
     }

@@ -44,15 +44,9 @@ mod tests {
         assert_eq!(service.metadata.name.as_deref(), Some("sandy-app-service"));
         let spec = service.spec.expect("spec");
         assert_eq!(spec.type_.as_deref(), Some("NodePort"));
-        assert_eq!(
-            spec.selector,
-            Some([("app".to_string(), "sandy-app".to_string())].into())
-        );
+        assert_eq!(spec.selector, Some([("app".to_string(), "sandy-app".to_string())].into()));
         let port = &spec.ports.expect("ports")[0];
-        assert_eq!(
-            (port.port, port.target_port.clone()),
-            (80, Some(IntOrString::Int(80)))
-        );
+        assert_eq!((port.port, port.target_port.clone()), (80, Some(IntOrString::Int(80))));
     }
 
     #[test]

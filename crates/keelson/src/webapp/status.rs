@@ -8,12 +8,7 @@ use crate::api::webapp::{WebApp, WebAppPhase, WebAppStatus};
 
 /// Computes the status `app` should have, given its Deployment as the API
 /// server returned it and the error of this reconcile, if any.
-pub fn compute(
-    app: &WebApp,
-    deployment: Option<&Deployment>,
-    failure: Option<&str>,
-    now: &Time,
-) -> WebAppStatus {
+pub fn compute(app: &WebApp, deployment: Option<&Deployment>, failure: Option<&str>, now: &Time) -> WebAppStatus {
     let desired = app.spec.replicas;
     let observed = deployment.and_then(|d| d.status.as_ref());
     let available = observed.and_then(|s| s.available_replicas).unwrap_or(0);
@@ -23,13 +18,8 @@ pub fn compute(
         let generation = d.metadata.generation.unwrap_or(0);
         observed.and_then(|s| s.observed_generation).unwrap_or(0) >= generation
     });
-    let running =
-        deployment_current && available == desired && replicas == desired && updated == desired;
-    let phase = if running {
-        WebAppPhase::Running
-    } else {
-        WebAppPhase::Scaling
-    };
+    let running = deployment_current && available == desired && replicas == desired && updated == desired;
+    let phase = if running { WebAppPhase::Running } else { WebAppPhase::Scaling };
 
     let available_condition = if available >= desired {
         DesiredCondition::new(
@@ -47,12 +37,7 @@ pub fn compute(
         )
     };
     let progressing_condition = if running {
-        DesiredCondition::new(
-            "Progressing",
-            false,
-            "Complete",
-            "the Deployment matches the spec",
-        )
+        DesiredCondition::new("Progressing", false, "Complete", "the Deployment matches the spec")
     } else {
         DesiredCondition::new(
             "Progressing",
@@ -65,28 +50,17 @@ pub fn compute(
         Some(message) => DesiredCondition::new("Degraded", true, "ReconcileFailed", message),
         None => DesiredCondition::new("Degraded", false, "AsExpected", ""),
     };
-    let previous = app
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
+    let previous = app.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     let generation = app.metadata.generation;
     WebAppStatus {
         phase: Some(phase),
         available_replicas: available,
         replicas,
-        selector: Some(format!(
-            "app={}",
-            app.metadata.name.as_deref().unwrap_or_default()
-        )),
+        selector: Some(format!("app={}", app.metadata.name.as_deref().unwrap_or_default())),
         observed_generation: generation,
         conditions: merge_conditions(
             previous,
-            &[
-                available_condition,
-                progressing_condition,
-                degraded_condition,
-            ],
+            &[available_condition, progressing_condition, degraded_condition],
             generation,
             now,
         ),
@@ -100,13 +74,7 @@ mod tests {
     use k8s_openapi::api::apps::v1::DeploymentStatus;
     use k8s_openapi::jiff::Timestamp;
 
-    fn deployment(
-        generation: i64,
-        observed: i64,
-        replicas: i32,
-        updated: i32,
-        available: i32,
-    ) -> Deployment {
+    fn deployment(generation: i64, observed: i64, replicas: i32, updated: i32, available: i32) -> Deployment {
         let mut d = Deployment::default();
         d.metadata.generation = Some(generation);
         d.status = Some(DeploymentStatus {
@@ -124,12 +92,7 @@ mod tests {
     }
 
     fn condition<'a>(status: &'a WebAppStatus, type_: &str) -> &'a str {
-        status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_)
-            .map(|c| c.status.as_str())
-            .unwrap_or("missing")
+        status.conditions.iter().find(|c| c.type_ == type_).map(|c| c.status.as_str()).unwrap_or("missing")
     }
 
     #[test]
@@ -178,9 +141,6 @@ mod tests {
         let first = compute(&app, Some(&deployment(2, 2, 3, 3, 3)), None, &now());
         app.status = Some(first.clone());
         let later = Time(Timestamp::from_second(1000).unwrap_or(Timestamp::UNIX_EPOCH));
-        assert_eq!(
-            compute(&app, Some(&deployment(2, 2, 3, 3, 3)), None, &later),
-            first
-        );
+        assert_eq!(compute(&app, Some(&deployment(2, 2, 3, 3, 3)), None, &later), first);
     }
 }

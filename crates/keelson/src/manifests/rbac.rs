@@ -1,0 +1,112 @@
+//! Least-privilege RBAC, generated from the rules each controller declares.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+use kube::api::ObjectMeta;
+
+/// One RBAC rule as a controller declares it.
+#[derive(Clone, Copy, Debug)]
+pub struct Permission {
+    pub group: &'static str,
+    pub resources: &'static [&'static str],
+    pub verbs: &'static [&'static str],
+}
+
+/// Events for every controller (kube's Recorder creates and patches series).
+pub const EVENTS: &[Permission] =
+    &[Permission { group: "events.k8s.io", resources: &["events"], verbs: &["create", "patch"] }];
+
+/// The leader-election Lease, in the operator's own namespace only.
+pub const LEADER_ELECTION: &[Permission] = &[Permission {
+    group: "coordination.k8s.io",
+    resources: &["leases"],
+    verbs: &["get", "list", "watch", "create", "update", "patch", "delete"],
+}];
+
+pub const CLUSTER_ROLE_NAME: &str = "keelson-manager";
+pub const LEADER_ROLE_NAME: &str = "keelson-leader-election";
+
+fn labels() -> BTreeMap<String, String> {
+    [("app.kubernetes.io/name", "keelson"), ("app.kubernetes.io/managed-by", "keelson")]
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect()
+}
+
+/// Merges permissions by (group, resource) so each pair appears once, with sorted verbs.
+fn rules(permissions: &[&[Permission]]) -> Vec<PolicyRule> {
+    let mut merged: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for permission in permissions.iter().flat_map(|p| p.iter()) {
+        for resource in permission.resources {
+            let verbs = merged.entry((permission.group.to_string(), resource.to_string())).or_default();
+            for verb in permission.verbs {
+                if !verbs.iter().any(|v| v == verb) {
+                    verbs.push(verb.to_string());
+                }
+            }
+            verbs.sort();
+        }
+    }
+    merged
+        .into_iter()
+        .map(|((group, resource), verbs)| PolicyRule {
+            api_groups: Some(vec![group]),
+            resources: Some(vec![resource]),
+            verbs,
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The ClusterRole the manager runs with: exactly what the controllers use.
+pub fn cluster_role() -> ClusterRole {
+    ClusterRole {
+        metadata: ObjectMeta { name: Some(CLUSTER_ROLE_NAME.into()), labels: Some(labels()), ..Default::default() },
+        rules: Some(rules(&[crate::webapp::RBAC, crate::mydatabase::RBAC, EVENTS])),
+        ..Default::default()
+    }
+}
+
+/// The Role for leader election, bound in the operator's namespace.
+pub fn leader_election_role(namespace: &str) -> Role {
+    Role {
+        metadata: ObjectMeta {
+            name: Some(LEADER_ROLE_NAME.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(labels()),
+            ..Default::default()
+        },
+        rules: Some(rules(&[LEADER_ELECTION])),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_wildcards_and_each_resource_once() {
+        let role = cluster_role();
+        let rules = role.rules.expect("rules");
+        let mut seen = std::collections::HashSet::new();
+        for rule in &rules {
+            for field in [rule.api_groups.as_ref(), rule.resources.as_ref(), Some(&rule.verbs)].into_iter().flatten() {
+                assert!(!field.iter().any(|v| v == "*"), "wildcard in {rule:?}");
+            }
+            let key = (rule.api_groups.clone(), rule.resources.clone());
+            assert!(seen.insert(key), "duplicate rule {rule:?}");
+        }
+    }
+
+    #[test]
+    fn webapp_may_apply_deployments_but_not_delete_them() {
+        let rules = cluster_role().rules.expect("rules");
+        let deployments = rules
+            .iter()
+            .find(|r| r.resources.as_deref() == Some(&["deployments".to_string()]))
+            .expect("deployments rule");
+        assert!(deployments.verbs.contains(&"patch".to_string()));
+        assert!(!deployments.verbs.contains(&"delete".to_string()));
+    }
+}

@@ -1,0 +1,128 @@
+//! Runs the real controllers in-process for one test namespace, as a
+//! ServiceAccount bound to the generated ClusterRole (never as admin).
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use keelson::manifests;
+use keelson::runtime::health::Readiness;
+use keelson::runtime::{Context, Metrics};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::runtime::conditions;
+use kube::runtime::wait::await_condition;
+use testkit::{Cluster, TestNamespace};
+use tokio::sync::watch;
+
+pub const OPERATOR_SA: &str = "keelson";
+
+/// Installs the generated CRDs and ClusterRole (idempotent, safe in parallel).
+pub async fn install(cluster: &Cluster) -> anyhow::Result<()> {
+    init_logging();
+    let params = PatchParams::apply("keelson-tests").force();
+    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
+    for crd in manifests::crd::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.patch(&name, &params, &Patch::Apply(&crd)).await.with_context(|| format!("install CRD {name}"))?;
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            await_condition(crds.clone(), &name, conditions::is_crd_established()),
+        )
+        .await
+        .with_context(|| format!("CRD {name} not established"))??;
+    }
+    let role = manifests::rbac::cluster_role();
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(cluster.client.clone());
+    roles
+        .patch(manifests::rbac::CLUSTER_ROLE_NAME, &params, &Patch::Apply(&role))
+        .await
+        .context("install ClusterRole")?;
+    Ok(())
+}
+
+/// Operator logs in test output; `RUST_LOG` overrides the default filter.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("keelson=info,kube=warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+}
+
+pub struct TestOperator {
+    pub metrics: Arc<Metrics>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestOperator {
+    /// Starts both controllers watching only `ns`, and waits for their caches.
+    pub async fn start(cluster: &Cluster, ns: &TestNamespace) -> anyhow::Result<Self> {
+        install(cluster).await?;
+        let params = PatchParams::apply("keelson-tests").force();
+        let sa = ServiceAccount {
+            metadata: ObjectMeta { name: Some(OPERATOR_SA.into()), ..Default::default() },
+            ..Default::default()
+        };
+        ns.api::<ServiceAccount>()
+            .patch(OPERATOR_SA, &params, &Patch::Apply(&sa))
+            .await
+            .context("create operator SA")?;
+        let binding = RoleBinding {
+            metadata: ObjectMeta { name: Some("keelson-manager".into()), ..Default::default() },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: manifests::rbac::CLUSTER_ROLE_NAME.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: OPERATOR_SA.into(),
+                namespace: Some(ns.name.clone()),
+                ..Default::default()
+            }]),
+        };
+        ns.api::<RoleBinding>()
+            .patch("keelson-manager", &params, &Patch::Apply(&binding))
+            .await
+            .context("bind role")?;
+        Self::start_as_service_account(cluster, ns).await
+    }
+
+    /// Starts the controllers again (e.g. after [`TestOperator::stop`]), with fresh metrics.
+    pub async fn start_as_service_account(cluster: &Cluster, ns: &TestNamespace) -> anyhow::Result<Self> {
+        let client = cluster.client_as_service_account(&ns.name, OPERATOR_SA)?;
+        let metrics = Arc::new(Metrics::default());
+        let ctx = Context::new(client, metrics.clone());
+        let readiness = Readiness::default();
+        let (stop, stop_rx) = watch::channel(false);
+        let task =
+            tokio::spawn(keelson::operator::run_controllers(ctx, Some(ns.name.clone()), 4, readiness.clone(), stop_rx));
+        testkit::eventually(Duration::from_secs(60), "operator caches to sync", || {
+            let ready = readiness.is_ready();
+            async move { ready }
+        })
+        .await?;
+        Ok(Self { metrics, stop, task })
+    }
+
+    /// Stops the controllers, draining in-flight reconciles.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        tokio::time::timeout(Duration::from_secs(30), self.task).await.context("operator did not stop")??;
+        Ok(())
+    }
+
+    pub fn counter(&self, name: &str) -> u64 {
+        // Sums every series of a counter in the rendered text, e.g. `keelson_child_writes_total`.
+        self.metrics
+            .render()
+            .lines()
+            .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+}

@@ -1,0 +1,315 @@
+//! WebApp user stories, end to end on the real control plane.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestOperator;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Event, Service};
+use keelson::api::webapp::{ServiceType, WebApp, WebAppPhase, WebAppSpec};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl, wait_for, wait_for_deletion};
+
+fn tutorial_app(replicas: i32) -> WebApp {
+    WebApp::new(
+        "sandy-app",
+        WebAppSpec { replicas, image: "nginx:1.25-alpine".into(), port: 80, service_type: ServiceType::NodePort },
+    )
+}
+
+fn is_running_with(replicas: i32) -> impl Fn(&WebApp) -> bool {
+    move |app| {
+        app.spec.replicas == replicas
+            && app.status.as_ref().is_some_and(|s| {
+                s.phase == Some(WebAppPhase::Running)
+                    && s.available_replicas == replicas
+                    && s.observed_generation == app.metadata.generation
+            })
+    }
+}
+
+fn deployment_replicas(replicas: i32) -> impl Fn(&Deployment) -> bool {
+    move |d| d.spec.as_ref().and_then(|s| s.replicas) == Some(replicas)
+}
+
+fn deployment_image(d: &Deployment) -> Option<String> {
+    d.spec.as_ref()?.template.spec.as_ref()?.containers.first()?.image.clone()
+}
+
+/// Creates the tutorial's WebApp and waits until it runs `replicas` pods.
+async fn create_running(ns: &TestNamespace, replicas: i32) -> anyhow::Result<WebApp> {
+    let apps = ns.api::<WebApp>();
+    apps.create(&PostParams::default(), &tutorial_app(replicas)).await?;
+    wait_for(&apps, "sandy-app", &format!("Running {replicas}/{replicas}"), DEFAULT_TIMEOUT, is_running_with(replicas))
+        .await
+}
+
+async fn warning_events(ns: &TestNamespace, reason: &str) -> anyhow::Result<Vec<Event>> {
+    let events = ns.api::<Event>().list(&ListParams::default()).await?;
+    Ok(events.items.into_iter().filter(|e| e.reason.as_deref() == Some(reason)).collect())
+}
+
+async fn wait_for_event(ns: &TestNamespace, reason: &str, note_contains: &str) -> anyhow::Result<()> {
+    eventually(DEFAULT_TIMEOUT, &format!("a {reason} event mentioning {note_contains:?}"), || async {
+        warning_events(ns, reason)
+            .await
+            .is_ok_and(|events| events.iter().any(|e| e.message.as_deref().unwrap_or_default().contains(note_contains)))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn create_reaches_running_and_kubectl_shows_the_tutorial_columns() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = cluster.namespace("webapp-create").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    create_running(&ns, 3).await?;
+
+    let deployment = ns.api::<Deployment>().get("sandy-app").await?;
+    let owner = &deployment.owner_references()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.controller), ("WebApp", "sandy-app", Some(true)));
+    assert_eq!(deployment.labels().get("app.kubernetes.io/managed-by").map(String::as_str), Some("keelson"));
+    let service = ns.api::<Service>().get("sandy-app-service").await?;
+    let spec = service.spec.clone().unwrap_or_default();
+    assert_eq!(spec.type_.as_deref(), Some("NodePort"));
+    assert_eq!(spec.ports.unwrap_or_default()[0].port, 80);
+    assert_eq!(service.owner_references()[0].kind, "WebApp");
+
+    let table = kubectl(&["-n", &ns.name, "get", "webapps"])?;
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "PHASE", "REPLICAS", "AVAILABLE", "AGE"], "{table}");
+    let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(&row[..4], ["sandy-app", "Running", "3", "3"], "{table}");
+    // The short name and the category work too.
+    assert!(kubectl(&["-n", &ns.name, "get", "wa"])?.contains("sandy-app"));
+    assert!(kubectl(&["-n", &ns.name, "get", "keelson"])?.contains("webapp.apps.keelson.dev/sandy-app"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubectl_scale_deployment_is_taken_back() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = cluster.namespace("webapp-scale-drift").await?;
+    let operator = TestOperator::start(&cluster, &ns).await?;
+    create_running(&ns, 3).await?;
+
+    kubectl(&["-n", &ns.name, "scale", "deployment", "sandy-app", "--replicas=10"])?;
+    let deployments = ns.api::<Deployment>();
+    // The operator may set it back before the first watch event arrives here,
+    // so wait for the end state and prove the drift through the Event.
+    wait_for(&deployments, "sandy-app", "replicas back at 3", DEFAULT_TIMEOUT, deployment_replicas(3)).await?;
+    wait_for_event(&ns, "DriftCorrected", "spec.replicas was 10, set back to 3").await?;
+    assert!(operator.counter("keelson_drift_corrections_total") >= 1);
+    wait_for(&ns.api::<WebApp>(), "sandy-app", "Running 3/3 again", DEFAULT_TIMEOUT, is_running_with(3)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn swapped_image_is_reverted() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = cluster.namespace("webapp-image-drift").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    create_running(&ns, 2).await?;
+
+    kubectl(&["-n", &ns.name, "set", "image", "deployment/sandy-app", "webapp=evil:latest"])?;
+    wait_for(&ns.api::<Deployment>(), "sandy-app", "image back at nginx:1.25-alpine", DEFAULT_TIMEOUT, |d| {
+        deployment_image(d).as_deref() == Some("nginx:1.25-alpine")
+    })
+    .await?;
+    wait_for_event(&ns, "DriftCorrected", "evil:latest").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn deleted_service_is_recreated_and_edited_type_reverted() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = cluster.namespace("webapp-service-drift").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    create_running(&ns, 1).await?;
+    let services = ns.api::<Service>();
+    let original = services.get("sandy-app-service").await?;
+
+    services.delete("sandy-app-service", &DeleteParams::default()).await?;
+    let recreated =
+        wait_for(&services, "sandy-app-service", "a new Service", DEFAULT_TIMEOUT, |s| s.uid() != original.uid())
+            .await?;
+    assert_eq!(recreated.spec.and_then(|s| s.type_).as_deref(), Some("NodePort"));
+    wait_for_event(&ns, "DriftCorrected", "was deleted").await?;
+
+    kubectl(&["-n", &ns.name, "patch", "service", "sandy-app-service", "-p", r#"{"spec":{"type":"ClusterIP"}}"#])?;
+    // The operator may revert before this watch starts: the end state and
+    // the Event prove the round trip.
+    wait_for(&services, "sandy-app-service", "type NodePort again", DEFAULT_TIMEOUT, |s| {
+        s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("NodePort")
+    })
+    .await?;
+    wait_for_event(&ns, "DriftCorrected", "spec.type was \"ClusterIP\"").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn spec_edits_are_followed() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = cluster.namespace("webapp-spec-edits").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    create_running(&ns, 3).await?;
+    let apps = ns.api::<WebApp>();
+    let deployments = ns.api::<Deployment>();
+
+    for replicas in [5, 2, 0] {
+        apps.patch("sandy-app", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": replicas}})))
+            .await?;
+        wait_for(
+            &deployments,
+            "sandy-app",
+            &format!("{replicas} replicas"),
+            DEFAULT_TIMEOUT,
+            deployment_replicas(replicas),
+        )
+        .await?;
+        wait_for(&apps, "sandy-app", &format!("Running {replicas}"), DEFAULT_TIMEOUT, is_running_with(replicas))
+            .await?;
+    }
+
+    apps.patch(
+        "sandy-app",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 2, "image": "nginx:1.26-alpine"}})),
+    )
+    .await?;
+    wait_for(&deployments, "sandy-app", "the new image", DEFAULT_TIMEOUT, |d| {
+        deployment_image(d).as_deref() == Some("nginx:1.26-alpine")
+    })
+    .await?;
+    wait_for(&apps, "sandy-app", "Running 2 on the new image", DEFAULT_TIMEOUT, is_running_with(2)).await?;
+    // A spec change is an update, not drift.
+    assert!(warning_events(&ns, "DriftCorrected").await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubectl_scale_webapp_is_followed() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = cluster.namespace("webapp-scale-subresource").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    create_running(&ns, 1).await?;
+
+    kubectl(&["-n", &ns.name, "scale", "webapp", "sandy-app", "--replicas=4"])?;
+    wait_for(&ns.api::<WebApp>(), "sandy-app", "Running 4/4", DEFAULT_TIMEOUT, is_running_with(4)).await?;
+    let scale = kubectl(&[
+        "-n",
+        &ns.name,
+        "get",
+        "--raw",
+        &format!("/apis/apps.keelson.dev/v1/namespaces/{}/webapps/sandy-app/scale", ns.name),
+    ])?;
+    let scale: serde_json::Value = serde_json::from_str(&scale)?;
+    assert_eq!(scale["status"]["replicas"], 4);
+    assert_eq!(scale["status"]["selector"], "app=sandy-app");
+    Ok(())
+}
+
+#[tokio::test]
+async fn deleting_the_webapp_removes_its_children() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = cluster.namespace("webapp-delete").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    create_running(&ns, 2).await?;
+
+    ns.api::<WebApp>().delete("sandy-app", &DeleteParams::foreground()).await?;
+    wait_for_deletion(&ns.api::<Deployment>(), "sandy-app", "the Deployment to go", DEFAULT_TIMEOUT).await?;
+    wait_for_deletion(&ns.api::<Service>(), "sandy-app-service", "the Service to go", DEFAULT_TIMEOUT).await?;
+    wait_for_deletion(&ns.api::<WebApp>(), "sandy-app", "the WebApp to go", DEFAULT_TIMEOUT).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn steady_state_and_restart_make_no_writes() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = cluster.namespace("webapp-no-writes").await?;
+    let operator = TestOperator::start(&cluster, &ns).await?;
+    create_running(&ns, 2).await?;
+    let apps = ns.api::<WebApp>();
+    let versions = || async {
+        let app = apps.get("sandy-app").await?;
+        let deployment = ns.api::<Deployment>().get("sandy-app").await?;
+        let service = ns.api::<Service>().get("sandy-app-service").await?;
+        anyhow::Ok((app.resource_version(), deployment.resource_version(), service.resource_version()))
+    };
+    // Let the Deployment's own status updates settle: wait until a full reconcile changes nothing.
+    let before = versions().await?;
+
+    // A metadata-only change triggers a reconcile but must not cause a write.
+    let reconciles = operator.counter("keelson_reconcile_total");
+    let writes = operator.counter("keelson_child_writes_total") + operator.counter("keelson_status_writes_total");
+    apps.patch(
+        "sandy-app",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"poke": "1"}}})),
+    )
+    .await?;
+    eventually(DEFAULT_TIMEOUT, "a reconcile after the annotation", || async {
+        operator.counter("keelson_reconcile_total") > reconciles
+            && operator.counter("keelson_reconciles_in_flight") == 0
+    })
+    .await?;
+    assert_eq!(
+        operator.counter("keelson_child_writes_total") + operator.counter("keelson_status_writes_total"),
+        writes
+    );
+    let after_poke = versions().await?;
+    assert_eq!((&before.1, &before.2), (&after_poke.1, &after_poke.2), "children were written in steady state");
+
+    // A restarted operator reconciles everything once and writes nothing.
+    operator.stop().await?;
+    let restarted = TestOperator::start_as_service_account(&cluster, &ns).await?;
+    eventually(DEFAULT_TIMEOUT, "the first reconcile after restart", || async {
+        restarted.counter("keelson_reconcile_total") >= 1 && restarted.counter("keelson_reconciles_in_flight") == 0
+    })
+    .await?;
+    assert_eq!(restarted.counter("keelson_child_writes_total"), 0);
+    assert_eq!(restarted.counter("keelson_status_writes_total"), 0);
+    assert_eq!(versions().await?, after_poke, "a restart wrote to the WebApp or its children");
+    assert_eq!(ns.api::<Deployment>().list(&ListParams::default()).await?.items.len(), 1, "duplicate Deployments");
+    assert_eq!(ns.api::<Service>().list(&ListParams::default()).await?.items.len(), 1, "duplicate Services");
+    restarted.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn invalid_specs_are_rejected_naming_the_field() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = cluster.namespace("webapp-invalid").await?;
+    common::install(&cluster).await?;
+    let cases = [
+        (json!({"replicas": -1, "image": "nginx"}), "spec.replicas"),
+        (json!({"replicas": 1, "image": ""}), "spec.image"),
+        (json!({"replicas": 1}), "spec.image"),
+        (json!({"replicas": 1, "image": "nginx", "serviceType": "Ingress"}), "spec.serviceType"),
+        (json!({"replicas": 1, "image": "nginx", "port": 70000}), "spec.port"),
+    ];
+    for (index, (spec, field)) in cases.into_iter().enumerate() {
+        let manifest = json!({
+            "apiVersion": "apps.keelson.dev/v1", "kind": "WebApp",
+            "metadata": {"name": format!("bad-{index}"), "namespace": ns.name}, "spec": spec,
+        });
+        let path = std::env::temp_dir().join(format!("{}-bad-{index}.json", ns.name));
+        std::fs::write(&path, manifest.to_string())?;
+        let error =
+            kubectl(&["apply", "-f", &path.to_string_lossy()]).expect_err("the API server accepted an invalid WebApp");
+        assert!(error.to_string().contains(field), "error for {spec} does not name {field}: {error}");
+        let _ = std::fs::remove_file(path);
+    }
+    assert!(ns.api::<WebApp>().list(&ListParams::default()).await?.items.is_empty());
+    // Defaults fill what the tutorial leaves out.
+    let created = ns.api::<WebApp>().create(&PostParams::default(), &serde_json::from_value(json!({
+        "apiVersion": "apps.keelson.dev/v1", "kind": "WebApp", "metadata": {"name": "defaults"}, "spec": {"image": "nginx"}
+    }))?).await?;
+    assert_eq!((created.spec.replicas, created.spec.port, created.spec.service_type), (1, 80, ServiceType::NodePort));
+    let _ = Duration::from_secs(0);
+    Ok(())
+}
