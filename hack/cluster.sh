@@ -35,7 +35,7 @@ pick_ports() {
   local tries=0
   while :; do
     local busy=0 p
-    for p in $(seq "$base" $((base + 6))); do port_in_use "$p" && { busy=1; break; }; done
+    for p in $(seq "$base" $((base + 9))); do port_in_use "$p" && { busy=1; break; }; done
     [[ $busy -eq 0 ]] && break
     tries=$((tries + 1)); [[ $tries -lt 50 ]] || die "no free block of ports near $base"
     base=$((base + 10))
@@ -47,6 +47,8 @@ API_PORT=$((base + 2))
 KCM_PORT=$((base + 3))
 SCHED_PORT=$((base + 4))
 KWOK_PORT=$((base + 5))
+KEELSON_METRICS_PORT=$((base + 7))
+KEELSON_HEALTH_PORT=$((base + 8))
 PORTS
 }
 

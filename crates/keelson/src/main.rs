@@ -24,10 +24,20 @@ enum Command {
     },
 }
 
-#[derive(Subcommand, Clone, Copy)]
+#[derive(Subcommand, Clone)]
 enum ManifestKind {
-    /// The CustomResourceDefinitions.
+    /// Print the CustomResourceDefinitions.
     Crd,
+    /// Print the ClusterRole and the leader-election Role.
+    Rbac,
+    /// Print everything `make deploy` applies (CRDs, RBAC, namespace, manager).
+    All,
+    /// Write every generated file under `<root>/config/`.
+    Write {
+        /// Repository root.
+        #[arg(long, default_value = ".")]
+        root: std::path::PathBuf,
+    },
 }
 
 #[tokio::main]
@@ -44,6 +54,35 @@ async fn main() -> ExitCode {
         Command::Manifests { what } => {
             let rendered = match what {
                 ManifestKind::Crd => manifests::to_yaml_stream(&manifests::crd::all()),
+                ManifestKind::Rbac => manifests::to_yaml_stream(&[manifests::rbac::cluster_role()]).and_then(|role| {
+                    let ns = manifests::deploy::NAMESPACE;
+                    Ok(role + &manifests::to_yaml_stream(&[manifests::rbac::leader_election_role(ns)])?)
+                }),
+                ManifestKind::All => manifests::files().map(|files| {
+                    files
+                        .into_iter()
+                        .filter(|(path, _)| !path.ends_with("kustomization.yaml"))
+                        .map(|(_, text)| text)
+                        .collect()
+                }),
+                ManifestKind::Write { root } => match manifests::files() {
+                    Ok(files) => {
+                        for (path, content) in files {
+                            let target = root.join(&path);
+                            let written = target
+                                .parent()
+                                .map_or(Ok(()), std::fs::create_dir_all)
+                                .and_then(|()| std::fs::write(&target, content));
+                            if let Err(error) = written {
+                                eprintln!("keelson: cannot write {}: {error}", target.display());
+                                return ExitCode::FAILURE;
+                            }
+                            eprintln!("wrote {path}");
+                        }
+                        Ok(String::new())
+                    }
+                    Err(error) => Err(error),
+                },
             };
             match rendered {
                 Ok(text) => {

@@ -196,26 +196,18 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         let lost_lease = lost_lease.clone();
         let mut leader_rx = lease.as_ref().map(|(rx, _)| rx.clone());
         tokio::spawn(async move {
-            loop {
-                let lease_lost = async {
-                    match leader_rx.as_mut() {
-                        Some(rx) => {
-                            while rx.changed().await.is_ok() {
-                                if !*rx.borrow() {
-                                    return;
-                                }
-                            }
-                        }
-                        None => futures::future::pending::<()>().await,
-                    }
-                };
-                tokio::select! {
-                    _ = stop.changed() => break,
-                    _ = lease_lost => {
-                        tracing::error!("lost the leader Lease");
-                        lost_lease.store(true, std::sync::atomic::Ordering::SeqCst);
-                        break;
-                    }
+            // A closed channel means the lease task died: treat it as lost.
+            let lease_lost = async {
+                match leader_rx.as_mut() {
+                    Some(rx) => while rx.changed().await.is_ok() && *rx.borrow() {},
+                    None => futures::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = stop.changed() => {}
+                _ = lease_lost => {
+                    tracing::error!("lost the leader Lease");
+                    lost_lease.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
             }
             let _ = shutdown_tx.send(true);

@@ -1,5 +1,9 @@
 //! The custom resource types Keelson serves, one file per kind.
 
+// kube-derive takes repeated `printcolumn(type_ = ...)` arguments, which this
+// lint mistakes for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod conditions;
 pub mod mydatabase;
 pub mod webapp;

@@ -1,0 +1,72 @@
+# Keelson: the user's entry points, in the operator-sdk tradition.
+#   make demo      local cluster + operator + the tutorial's walk-through
+#   make test      every test (starts what it needs)
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+CARGO ?= cargo
+# kubectl: yours if on PATH, else the one built for the local cluster.
+KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo "$$(hack/k8s-binaries.sh)/kubectl")
+KEELSON := target/debug/keelson
+NAMESPACE ?= keelson-system
+
+.PHONY: help
+help: ## Show the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+##@ Development
+.PHONY: build
+build: ## Build the keelson binary
+	$(CARGO) build --bin keelson
+
+.PHONY: manifests
+manifests: build ## Regenerate config/ (CRDs, RBAC, manager) from the Rust types
+	$(KEELSON) manifests write --root .
+
+.PHONY: lint
+lint: ## cargo fmt --check and clippy -D warnings
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+.PHONY: test
+test: ## Unit and integration tests; builds/starts the local cluster and PostgreSQL as needed
+	hack/test.sh
+
+##@ Local cluster
+.PHONY: cluster-up
+cluster-up: ## Start the local control plane (etcd, apiserver, controller-manager, scheduler, kwok)
+	hack/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local control plane (and a demo operator)
+	hack/demo.sh stop-operator
+	hack/cluster.sh down
+
+.PHONY: demo
+demo: ## Local cluster, operator in the background, the tutorial's walk-through
+	hack/demo.sh
+
+##@ Deployment (against the current KUBECONFIG)
+.PHONY: install
+install: build ## Install the CRDs
+	$(KEELSON) manifests crd | $(KUBECTL) apply --server-side -f -
+
+.PHONY: uninstall
+uninstall: build ## Remove the CRDs (and with them every WebApp and MyDatabase)
+	$(KEELSON) manifests crd | $(KUBECTL) delete --ignore-not-found -f -
+
+.PHONY: run
+run: build ## Run the operator in the foreground against the current cluster (Ctrl-C stops it)
+	$(KEELSON) run --metrics-addr 127.0.0.1:8080 --health-addr 127.0.0.1:8081
+
+.PHONY: deploy
+deploy: ## Deploy CRDs, RBAC and the manager into keelson-system
+	$(KUBECTL) apply --server-side -k config/default
+
+.PHONY: undeploy
+undeploy: ## Remove what deploy created
+	$(KUBECTL) delete --ignore-not-found -k config/default
+
+.PHONY: docker-build
+docker-build: ## Build the manager image (needs a container engine)
+	docker build -t keelson:$$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1) .

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# `make demo`: the tutorial's walk-through on the local cluster.
+#   hack/demo.sh                 run it (leaves the cluster and operator up)
+#   hack/demo.sh stop-operator   stop the background operator (by pid)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+DIR="${KEELSON_CLUSTER_DIR:-$ROOT/target/dev-cluster}"
+say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+run() { printf '$ %s\n' "$*" >&2; "$@"; }
+
+stop_operator() {
+  if [[ -f "$DIR/keelson.pid" ]]; then
+    local pid; pid="$(cat "$DIR/keelson.pid")"
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid"
+      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+    rm -f "$DIR/keelson.pid"
+  fi
+}
+
+if [[ "${1:-}" == "stop-operator" ]]; then stop_operator; exit 0; fi
+
+say "Bringing up the local control plane (first run builds Kubernetes from source: ~10 min)"
+hack/cluster.sh up
+# shellcheck disable=SC1091
+source "$DIR/env"
+# shellcheck disable=SC1091
+source "$DIR/ports"
+
+say "Building keelson"
+cargo build --quiet --bin keelson
+
+say "make install: the CRDs, generated from the Rust types"
+run target/debug/keelson manifests crd | kubectl apply --server-side -f -
+
+say "make run: the operator, in the background (log: $DIR/keelson.log)"
+stop_operator
+setsid target/debug/keelson run --metrics-addr "127.0.0.1:$KEELSON_METRICS_PORT" \
+  --health-addr "127.0.0.1:$KEELSON_HEALTH_PORT" > "$DIR/keelson.log" 2>&1 < /dev/null &
+echo $! > "$DIR/keelson.pid"
+until curl -sf "http://127.0.0.1:$KEELSON_HEALTH_PORT/readyz" >/dev/null; do sleep 0.2; done
+echo "operator ready: metrics on http://127.0.0.1:$KEELSON_METRICS_PORT/metrics"
+
+say "kubectl apply -f config/samples/webapp.yaml (the tutorial's sandy-app)"
+kubectl delete webapp sandy-app --ignore-not-found --wait >/dev/null
+run cat config/samples/webapp.yaml
+run kubectl apply -f config/samples/webapp.yaml
+kubectl wait --for=jsonpath='{.status.phase}'=Running webapp/sandy-app --timeout=120s >/dev/null
+run kubectl get webapps
+run kubectl get pods -l app=sandy-app
+
+say "An outsider scales the Deployment behind the operator's back"
+kubectl get webapp sandy-app --watch -o custom-columns=PHASE:.status.phase,REPLICAS:.spec.replicas,AVAILABLE:.status.availableReplicas,DEPLOYMENT_PODS:.status.replicas \
+  > "$DIR/demo-watch.txt" 2>&1 &
+watch_pid=$!
+sleep 1
+run kubectl scale deployment sandy-app --replicas=10
+until grep -q "Drift detected! Updating Deployment" "$DIR/keelson.log"; do sleep 0.1; done
+say "Operator log"
+grep "Drift detected! Updating Deployment" "$DIR/keelson.log" | tail -1
+until [[ "$(kubectl get webapp sandy-app -o jsonpath='{.status.phase}/{.status.replicas}')" == "Running/3" ]]; do sleep 0.2; done
+kill "$watch_pid" 2>/dev/null || true
+say "The WebApp as it went (kubectl get webapp sandy-app --watch)"
+cat "$DIR/demo-watch.txt"
+run kubectl get webapps
+run kubectl get deployment sandy-app
+run kubectl get events --field-selector involvedObject.kind=WebApp,reason=DriftCorrected
+
+if [[ -f config/samples/mydatabase.yaml ]]; then
+  say "The tutorial's MyDatabase"
+  run cat config/samples/mydatabase.yaml
+  run kubectl apply -f config/samples/mydatabase.yaml
+  kubectl wait --for=jsonpath='{.status.phase}'=Running mydatabase/production-db --timeout=180s >/dev/null || true
+  run kubectl get mydatabases
+  run kubectl get statefulsets,services,cronjobs,secrets,pvc -l app.kubernetes.io/instance=production-db
+fi
+
+say "Done. The cluster and the operator are still running:"
+cat <<EOF2
+  source $DIR/env                 # kubectl for this cluster
+  tail -f $DIR/keelson.log        # the operator's log
+  make cluster-down               # stop the operator and the cluster
+EOF2
