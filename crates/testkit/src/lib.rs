@@ -9,6 +9,7 @@
 
 mod diagnostics;
 mod namespace;
+pub mod postgres;
 mod wait;
 
 pub use diagnostics::dump_namespace;

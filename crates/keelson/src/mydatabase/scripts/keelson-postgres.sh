@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Keelson's PostgreSQL entry point: what MyDatabase pods and backup Jobs run.
+# The operator ships this file in the `<name>-scripts` ConfigMap; the tests
+# run the same file against a real PostgreSQL on 127.0.0.1.
+#
+#   keelson-postgres.sh start          pod entry point: init as primary (ordinal 0) or
+#                                      as a streaming replica of it, then run postgres
+#   keelson-postgres.sh init-primary   initdb + app database, user and replication role
+#   keelson-postgres.sh init-replica   pg_basebackup from $PRIMARY_HOST, standby config
+#   keelson-postgres.sh backup         pg_dump of $APP_DB into $BACKUP_DIR, then prune
+#   keelson-postgres.sh prune          delete backups older than $RETENTION, never the newest
+#   keelson-postgres.sh restore FILE   restore one backup into $APP_DB
+#
+# Environment: PGDATA, PGPORT (5432), APP_DB, APP_USER, APP_PASSWORD,
+# REPLICATION_USER, REPLICATION_PASSWORD, PRIMARY_HOST, PRIMARY_PORT,
+# BACKUP_DIR, RETENTION (e.g. 7d, 12h, 4w), PGBIN (folder of the PostgreSQL
+# binaries, default: from PATH), POD_NAME (for `start`).
+set -euo pipefail
+
+PGPORT="${PGPORT:-5432}"
+APP_DB="${APP_DB:-app}"
+APP_USER="${APP_USER:-app}"
+REPLICATION_USER="${REPLICATION_USER:-replicator}"
+PRIMARY_PORT="${PRIMARY_PORT:-5432}"
+BACKUP_DIR="${BACKUP_DIR:-/backups}"
+bin() { if [[ -n "${PGBIN:-}" ]]; then echo "$PGBIN/$1"; else echo "$1"; fi; }
+log() { printf '%s keelson-postgres: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >&2; }
+need() { [[ -n "${!1:-}" ]] || { log "$1 is not set"; exit 2; }; }
+
+# Seconds in a retention such as 7d, 12h or 4w.
+retention_seconds() {
+  local value="$1"
+  [[ "$value" =~ ^([1-9][0-9]*)([hdw])$ ]] || { log "invalid RETENTION '$value' (want e.g. 7d, 12h, 4w)"; exit 2; }
+  local n="${BASH_REMATCH[1]}"
+  case "${BASH_REMATCH[2]}" in
+    h) echo $((n * 3600)) ;;
+    d) echo $((n * 86400)) ;;
+    w) echo $((n * 604800)) ;;
+  esac
+}
+
+init_primary() {
+  need PGDATA; need APP_PASSWORD; need REPLICATION_PASSWORD
+  if [[ -s "$PGDATA/PG_VERSION" ]]; then log "data folder already initialised"; return; fi
+  log "initialising a new primary in $PGDATA"
+  mkdir -p "$PGDATA"; chmod 700 "$PGDATA"
+  local pwfile; pwfile="$(mktemp)"
+  printf '%s\n' "$APP_PASSWORD" > "$pwfile"
+  "$(bin initdb)" -D "$PGDATA" --username=postgres --auth-local=trust --auth-host=scram-sha-256 \
+    --encoding=UTF8 --pwfile="$pwfile" >/dev/null
+  rm -f "$pwfile"
+  cat >> "$PGDATA/postgresql.conf" <<CONF
+# Keelson
+listen_addresses = '*'
+wal_level = replica
+max_wal_senders = 10
+hot_standby = on
+wal_keep_size = '256MB'
+password_encryption = 'scram-sha-256'
+CONF
+  cat > "$PGDATA/pg_hba.conf" <<HBA
+local all all trust
+host replication $REPLICATION_USER all scram-sha-256
+host all all all scram-sha-256
+HBA
+  local socket; socket="$(mktemp -d)"
+  "$(bin pg_ctl)" -D "$PGDATA" -o "-c listen_addresses='' -k $socket -p $PGPORT" -w start >/dev/null
+  "$(bin psql)" -h "$socket" -p "$PGPORT" -U postgres -v ON_ERROR_STOP=1 -q \
+    -v app_user="$APP_USER" -v app_password="$APP_PASSWORD" -v app_db="$APP_DB" \
+    -v repl_user="$REPLICATION_USER" -v repl_password="$REPLICATION_PASSWORD" <<'SQL'
+CREATE ROLE :"app_user" LOGIN PASSWORD :'app_password';
+CREATE DATABASE :"app_db" OWNER :"app_user";
+CREATE ROLE :"repl_user" REPLICATION LOGIN PASSWORD :'repl_password';
+SQL
+  "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null
+  rmdir "$socket" 2>/dev/null || true
+  log "primary initialised"
+}
+
+init_replica() {
+  need PGDATA; need PRIMARY_HOST; need REPLICATION_PASSWORD
+  if [[ -s "$PGDATA/PG_VERSION" ]]; then log "data folder already initialised"; return; fi
+  log "waiting for the primary $PRIMARY_HOST:$PRIMARY_PORT"
+  until "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; do sleep 1; done
+  log "cloning the primary with pg_basebackup"
+  mkdir -p "$PGDATA"; chmod 700 "$PGDATA"
+  PGPASSWORD="$REPLICATION_PASSWORD" "$(bin pg_basebackup)" -h "$PRIMARY_HOST" -p "$PRIMARY_PORT" \
+    -U "$REPLICATION_USER" -D "$PGDATA" -X stream -R --checkpoint=fast
+  log "replica initialised; it streams from $PRIMARY_HOST"
+}
+
+start() {
+  need POD_NAME
+  local ordinal="${POD_NAME##*-}"
+  if [[ "$ordinal" == "0" ]]; then init_primary; else init_replica; fi
+  exec "$(bin postgres)" -D "$PGDATA" -p "$PGPORT"
+}
+
+prune() {
+  need RETENTION
+  local keep now cutoff newest file stamp epoch
+  keep="$(retention_seconds "$RETENTION")"
+  now="$(date -u +%s)"
+  cutoff=$((now - keep))
+  # Names carry their UTC time: <db>-YYYYmmddTHHMMSSZ.dump; sorted by name = by time.
+  newest="$(find "$BACKUP_DIR" -maxdepth 1 -name "*.dump" -printf '%f\n' | sort | tail -n 1)"
+  while IFS= read -r file; do
+    [[ -n "$file" && "$file" != "$newest" ]] || continue
+    stamp="${file%.dump}"; stamp="${stamp##*-}"
+    [[ "$stamp" =~ ^([0-9]{4})([0-9]{2})([0-9]{2})T([0-9]{2})([0-9]{2})([0-9]{2})Z$ ]] || continue
+    epoch="$(date -u -d "${BASH_REMATCH[1]}-${BASH_REMATCH[2]}-${BASH_REMATCH[3]} ${BASH_REMATCH[4]}:${BASH_REMATCH[5]}:${BASH_REMATCH[6]}" +%s)"
+    if (( epoch < cutoff )); then
+      rm -f "$BACKUP_DIR/$file"
+      log "pruned $file (older than $RETENTION)"
+    fi
+  done < <(find "$BACKUP_DIR" -maxdepth 1 -name "*.dump" -printf '%f\n' | sort)
+}
+
+backup() {
+  need PRIMARY_HOST; need APP_PASSWORD; need RETENTION
+  retention_seconds "$RETENTION" >/dev/null
+  mkdir -p "$BACKUP_DIR"
+  local stamp target
+  stamp="$(date -u +%Y%m%dT%H%M%SZ)"
+  target="$BACKUP_DIR/$APP_DB-$stamp.dump"
+  log "backing up $APP_DB from $PRIMARY_HOST:$PRIMARY_PORT to $target"
+  # Written under a temporary name: a failed dump never counts as a backup.
+  if ! PGPASSWORD="$APP_PASSWORD" "$(bin pg_dump)" -h "$PRIMARY_HOST" -p "$PRIMARY_PORT" -U "$APP_USER" \
+      -d "$APP_DB" -Fc -f "$target.partial"; then
+    rm -f "$target.partial"
+    log "backup FAILED"
+    exit 1
+  fi
+  mv "$target.partial" "$target"
+  log "backup complete: $(du -h "$target" | cut -f1)"
+  prune
+}
+
+restore() {
+  local file="${1:-}"
+  [[ -f "$file" ]] || { log "no backup file '$file'"; exit 2; }
+  need PRIMARY_HOST; need APP_PASSWORD
+  log "restoring $file into $APP_DB on $PRIMARY_HOST:$PRIMARY_PORT"
+  PGPASSWORD="$APP_PASSWORD" "$(bin pg_restore)" -h "$PRIMARY_HOST" -p "$PRIMARY_PORT" -U "$APP_USER" \
+    -d "$APP_DB" --clean --if-exists --no-owner --exit-on-error "$file"
+  log "restore complete"
+}
+
+case "${1:-}" in
+  start) start ;;
+  init-primary) init_primary ;;
+  init-replica) init_replica ;;
+  backup) backup ;;
+  prune) prune ;;
+  restore) shift; restore "$@" ;;
+  *) echo "usage: $0 start|init-primary|init-replica|backup|prune|restore FILE" >&2; exit 2 ;;
+esac

@@ -1,0 +1,199 @@
+//! Keelson's PostgreSQL script (backup, prune, restore, replication), run
+//! against real PostgreSQL servers on 127.0.0.1.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use testkit::postgres::{self, Scratch, Server, as_postgres, chown_postgres};
+
+const APP_PASSWORD: &str = "app-secret-1";
+const REPLICATION_PASSWORD: &str = "repl-secret-2";
+
+fn script() -> PathBuf {
+    // Copied to a world-readable place: the postgres user cannot read /work or /root.
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/mydatabase/scripts/keelson-postgres.sh");
+    let target = std::env::temp_dir().join(format!("keelson-postgres-{}.sh", std::process::id()));
+    std::fs::copy(&source, &target).expect("copy script");
+    target
+}
+
+fn base_env(data: &std::path::Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("PGBIN", postgres::bindir().to_string_lossy().into_owned()),
+        ("PGDATA", data.to_string_lossy().into_owned()),
+        ("APP_PASSWORD", APP_PASSWORD.into()),
+        ("REPLICATION_PASSWORD", REPLICATION_PASSWORD.into()),
+    ]
+}
+
+fn run(
+    script: &std::path::Path,
+    args: &[&str],
+    env: &[(&'static str, String)],
+) -> anyhow::Result<std::process::Output> {
+    as_postgres(script, args, env)
+}
+
+fn check(output: std::process::Output, what: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(output.status.success(), "{what} failed: {}", String::from_utf8_lossy(&output.stderr));
+    Ok(())
+}
+
+/// Initialises and starts a primary through the script, the way pod 0 does.
+fn primary(scratch: &Scratch, script: &std::path::Path) -> anyhow::Result<Server> {
+    let data = scratch.path.join("primary");
+    check(run(script, &["init-primary"], &base_env(&data))?, "init-primary")?;
+    Server::start(&data, &scratch.path)
+}
+
+fn seed(server: &Server) -> anyhow::Result<String> {
+    server.psql("app", APP_PASSWORD, "app", "CREATE TABLE orders (id int PRIMARY KEY, item text, qty int)")?;
+    server.psql(
+        "app",
+        APP_PASSWORD,
+        "app",
+        "INSERT INTO orders SELECT g, 'item-' || g, g % 7 FROM generate_series(1, 500) g",
+    )?;
+    fingerprint(server)
+}
+
+fn fingerprint(server: &Server) -> anyhow::Result<String> {
+    server.psql(
+        "app",
+        APP_PASSWORD,
+        "app",
+        "SELECT count(*) || ':' || md5(string_agg(id || item || qty, ',' ORDER BY id)) FROM orders",
+    )
+}
+
+fn dumps(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn backup_restores_to_identical_data_and_a_failed_backup_exits_non_zero() -> anyhow::Result<()> {
+    if !postgres::available() {
+        return Ok(());
+    }
+    let scratch = Scratch::new("backup")?;
+    let script = script();
+    let server = primary(&scratch, &script)?;
+    let seeded = seed(&server)?;
+    assert!(seeded.starts_with("500:"), "{seeded}");
+
+    let backups = scratch.path.join("backups");
+    let mut env = base_env(&server.data);
+    env.extend([
+        ("PRIMARY_HOST", "127.0.0.1".to_string()),
+        ("PRIMARY_PORT", server.port.to_string()),
+        ("BACKUP_DIR", backups.to_string_lossy().into_owned()),
+        ("RETENTION", "7d".to_string()),
+    ]);
+    check(run(&script, &["backup"], &env)?, "backup")?;
+    let files = dumps(&backups);
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].starts_with("app-") && files[0].ends_with(".dump"), "{files:?}");
+
+    // Lose data, then restore it.
+    server.psql("app", APP_PASSWORD, "app", "DELETE FROM orders WHERE id > 100; UPDATE orders SET qty = -1")?;
+    assert_ne!(fingerprint(&server)?, seeded);
+    check(run(&script, &["restore", &backups.join(&files[0]).to_string_lossy()], &env)?, "restore")?;
+    assert_eq!(fingerprint(&server)?, seeded, "restored data differs from the backup");
+
+    // A backup that cannot log in fails loudly and leaves no backup behind.
+    let mut bad = env.clone();
+    bad.retain(|(k, _)| *k != "APP_PASSWORD");
+    bad.push(("APP_PASSWORD", "wrong".into()));
+    let failed = run(&script, &["backup"], &bad)?;
+    assert!(!failed.status.success(), "a backup with a wrong password succeeded");
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("backup FAILED"));
+    assert_eq!(dumps(&backups), files, "a failed backup left a file");
+    Ok(())
+}
+
+#[test]
+fn prune_removes_exactly_the_expired_backups_and_never_the_newest() -> anyhow::Result<()> {
+    if !postgres::available() {
+        return Ok(());
+    }
+    let scratch = Scratch::new("prune")?;
+    let dir = scratch.path.join("backups");
+    std::fs::create_dir_all(&dir)?;
+    let stamp = |age: Duration| {
+        let t = chrono::Utc::now() - chrono::Duration::from_std(age).unwrap_or_default();
+        format!("app-{}.dump", t.format("%Y%m%dT%H%M%SZ"))
+    };
+    let day = Duration::from_secs(86_400);
+    let fresh = [stamp(Duration::from_secs(60)), stamp(day * 3), stamp(day * 7 - Duration::from_secs(3600))];
+    let expired = [stamp(day * 7 + Duration::from_secs(3600)), stamp(day * 30)];
+    for name in fresh.iter().chain(&expired) {
+        std::fs::write(dir.join(name), b"dump")?;
+    }
+    std::fs::write(dir.join("notes.txt"), b"not a backup")?;
+    chown_postgres(&dir)?;
+    let script = script();
+    let env = [("BACKUP_DIR", dir.to_string_lossy().into_owned()), ("RETENTION", "7d".to_string())];
+    check(run(&script, &["prune"], &env)?, "prune")?;
+    let mut kept = dumps(&dir);
+    kept.retain(|n| n.ends_with(".dump"));
+    let mut want: Vec<String> = fresh.to_vec();
+    want.sort();
+    assert_eq!(kept, want);
+    assert!(dir.join("notes.txt").exists());
+
+    // When every backup is expired, the newest one stays.
+    let old_dir = scratch.path.join("old");
+    std::fs::create_dir_all(&old_dir)?;
+    let old = [stamp(day * 40), stamp(day * 20)];
+    for name in &old {
+        std::fs::write(old_dir.join(name), b"dump")?;
+    }
+    chown_postgres(&old_dir)?;
+    let env = [("BACKUP_DIR", old_dir.to_string_lossy().into_owned()), ("RETENTION", "12h".to_string())];
+    check(run(&script, &["prune"], &env)?, "prune")?;
+    assert_eq!(dumps(&old_dir), vec![old[1].clone()], "the newest backup must survive");
+
+    // A malformed retention is refused.
+    let env = [("BACKUP_DIR", old_dir.to_string_lossy().into_owned()), ("RETENTION", "7days".to_string())];
+    assert!(!run(&script, &["prune"], &env)?.status.success());
+    Ok(())
+}
+
+#[test]
+fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()> {
+    if !postgres::available() {
+        return Ok(());
+    }
+    let scratch = Scratch::new("replication")?;
+    let script = script();
+    let primary = primary(&scratch, &script)?;
+    let seeded = seed(&primary)?;
+
+    let replica_data = scratch.path.join("replica");
+    let mut env = base_env(&replica_data);
+    env.extend([("PRIMARY_HOST", "127.0.0.1".to_string()), ("PRIMARY_PORT", primary.port.to_string())]);
+    check(run(&script, &["init-replica"], &env)?, "init-replica")?;
+    let replica = Server::start(&replica_data, &scratch.path)?;
+
+    assert_eq!(replica.psql("app", APP_PASSWORD, "app", "SELECT pg_is_in_recovery()")?, "t");
+    assert_eq!(fingerprint(&replica)?, seeded, "the base backup lacks the seeded rows");
+    primary.psql("app", APP_PASSWORD, "app", "INSERT INTO orders VALUES (9001, 'after-clone', 3)")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let found = replica.psql("app", APP_PASSWORD, "app", "SELECT count(*) FROM orders WHERE id = 9001")?;
+        if found == "1" {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the row written on the primary never reached the replica");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let state = primary.psql_superuser("postgres", "SELECT state FROM pg_stat_replication")?;
+    assert_eq!(state, "streaming");
+    // The replica is read-only.
+    assert!(replica.psql("app", APP_PASSWORD, "app", "INSERT INTO orders VALUES (9002, 'x', 1)").is_err());
+    Ok(())
+}
