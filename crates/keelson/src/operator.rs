@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use crate::runtime::health::{self, Readiness};
 use crate::runtime::{Context, Metrics};
-use crate::webapp;
+use crate::{mydatabase, webapp};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
@@ -116,7 +116,7 @@ pub async fn run_controllers(
     readiness: Readiness,
     shutdown: watch::Receiver<bool>,
 ) {
-    const CONTROLLERS: usize = 1;
+    const CONTROLLERS: usize = 2;
     let synced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let on_synced = move || {
         if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == CONTROLLERS {
@@ -127,7 +127,18 @@ pub async fn run_controllers(
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    webapp::run(ctx.clone(), namespace.as_deref(), concurrency, on_synced, stopped(shutdown.clone())).await;
+    let on_synced = Arc::new(on_synced);
+    let (webapp_synced, database_synced) = (on_synced.clone(), on_synced);
+    tokio::join!(
+        webapp::run(ctx.clone(), namespace.as_deref(), concurrency, move || webapp_synced(), stopped(shutdown.clone())),
+        mydatabase::run(
+            ctx.clone(),
+            namespace.as_deref(),
+            concurrency,
+            move || database_synced(),
+            stopped(shutdown.clone())
+        ),
+    );
 }
 
 pub async fn run(args: RunArgs) -> Result<(), RunError> {

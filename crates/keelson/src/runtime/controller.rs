@@ -95,6 +95,9 @@ pub async fn report_child_change<C: Resource<DynamicType = ()>>(
     owner_was_reconciled_before: bool,
 ) {
     let kind = C::kind(&()).to_string();
+    // Secret values never reach logs or Events.
+    let secret = kind == "Secret";
+    let shown = |value: &serde_json::Value| if secret { "<redacted>".to_string() } else { value.to_string() };
     let namespace = owner.namespace.as_deref().unwrap_or_default();
     let owner_name = owner.name.as_deref().unwrap_or_default();
     let action = match change {
@@ -134,15 +137,20 @@ pub async fn report_child_change<C: Resource<DynamicType = ()>>(
                     name = owner_name,
                     child = child_name,
                     field = %field.path,
-                    desired = %field.desired,
-                    actual = %field.actual,
+                    desired = %shown(&field.desired),
+                    actual = %shown(&field.actual),
                     "Drift detected! Updating {kind}"
                 );
                 ctx.metrics
                     .drift_corrections
                     .get_or_create(&DriftLabels { kind: kind.clone(), field: field.field() })
                     .inc();
-                notes.push(format!("{} was {}, set back to {}", field.path, field.actual, field.desired));
+                notes.push(format!(
+                    "{} was {}, set back to {}",
+                    field.path,
+                    shown(&field.actual),
+                    shown(&field.desired)
+                ));
             }
             let note = format!("{kind} {child_name} was changed by someone else: {}", notes.join("; "));
             ctx.event(owner, EventType::Warning, "DriftCorrected", "Update", truncate(note, 1000)).await;

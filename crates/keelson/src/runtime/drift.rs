@@ -56,13 +56,49 @@ fn walk(desired: &Value, actual: &Value, path: String, out: &mut Vec<FieldDrift>
             }
         }
         (Value::Array(want), Value::Array(have)) => walk_list(want, have, &path, out),
-        (want, have) if numbers_equal(want, have) || want == have => {}
+        (want, have) if want == have || numbers_equal(want, have) || quantities_equal(want, have) => {}
         (want, have) => out.push(FieldDrift { path, desired: want.clone(), actual: have.clone() }),
     }
 }
 
 fn numbers_equal(a: &Value, b: &Value) -> bool {
     matches!((a.as_f64(), b.as_f64()), (Some(x), Some(y)) if x == y)
+}
+
+/// The API server rewrites quantities in canonical form (`1.5Gi` becomes `1536Mi`).
+fn quantities_equal(a: &Value, b: &Value) -> bool {
+    match (a.as_str().and_then(parse_quantity), b.as_str().and_then(parse_quantity)) {
+        (Some(x), Some(y)) => (x - y).abs() <= f64::EPSILON * x.abs().max(1.0),
+        _ => false,
+    }
+}
+
+/// Value of a Kubernetes quantity such as `100Gi`, `500m` or `1e3`; None for other strings.
+pub fn parse_quantity(text: &str) -> Option<f64> {
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-')).unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let factor = match suffix {
+        "" => 1.0,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        exp if exp.starts_with(['e', 'E']) => 10f64.powi(exp[1..].parse().ok()?),
+        _ => return None,
+    };
+    Some(number * factor)
 }
 
 /// Keys by which Kubernetes merges list elements, in the order we try them.
@@ -149,6 +185,14 @@ mod tests {
     fn scalar_lists_must_match_exactly() {
         assert!(diff(&json!({"args": ["a"]}), &json!({"args": ["a"]})).is_empty());
         assert_eq!(diff(&json!({"args": ["a"]}), &json!({"args": ["a", "b"]})).len(), 1);
+    }
+
+    #[test]
+    fn canonical_quantities_match() {
+        assert!(diff(&json!({"storage": "1.5Gi"}), &json!({"storage": "1536Mi"})).is_empty());
+        assert_eq!(diff(&json!({"storage": "2Gi"}), &json!({"storage": "1Gi"})).len(), 1);
+        assert_eq!(parse_quantity("100Gi"), Some(107374182400.0));
+        assert_eq!(parse_quantity("nginx:1.25"), None);
     }
 
     #[test]

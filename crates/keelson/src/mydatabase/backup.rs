@@ -1,0 +1,158 @@
+//! Backups: a volume for them, a CronJob on the spec's schedule, and the
+//! one-off Job the Snapshot deletion policy runs.
+
+use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodSpec,
+    PodTemplateSpec, Volume, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::credentials::PASSWORD_KEY;
+use super::names::{self, APP_DB, APP_USER, PORT};
+use super::statefulset::{
+    container_security_context, empty_dir, env, image, mount, pod_security_context, scripts_volume, secret_env,
+};
+use crate::Result;
+use crate::api::MyDatabase;
+
+/// Retention used by the final Snapshot backup when the spec has no backup section.
+const DEFAULT_RETENTION: &str = "10000w";
+const DEFAULT_BACKUP_STORAGE: &str = "10Gi";
+
+/// The volume holding backups. Not owned by the MyDatabase: it must survive
+/// deletion under the Retain and Snapshot policies.
+pub fn volume_claim(db: &MyDatabase) -> PersistentVolumeClaim {
+    let size = db.spec.backup.as_ref().map_or(DEFAULT_BACKUP_STORAGE, |b| b.storage.as_str());
+    PersistentVolumeClaim {
+        metadata: names::unowned_meta(db, names::backups_pvc(db), "backup"),
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some([("storage".to_string(), Quantity(size.into()))].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pod that runs `keelson-postgres.sh backup` against the primary.
+fn backup_pod(db: &MyDatabase, retention: &str) -> PodTemplateSpec {
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta { labels: Some(names::labels(db, "backup")), ..Default::default() }),
+        spec: Some(PodSpec {
+            restart_policy: Some("Never".into()),
+            security_context: Some(pod_security_context()),
+            containers: vec![Container {
+                name: "backup".into(),
+                image: Some(image(db)),
+                command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "backup".into()]),
+                env: Some(vec![
+                    env("PRIMARY_HOST", names::rw_service(db)),
+                    env("PRIMARY_PORT", PORT.to_string()),
+                    env("APP_DB", APP_DB),
+                    env("APP_USER", APP_USER),
+                    secret_env(db, "APP_PASSWORD", PASSWORD_KEY),
+                    env("BACKUP_DIR", "/backups"),
+                    env("RETENTION", retention),
+                ]),
+                security_context: Some(container_security_context()),
+                volume_mounts: Some(vec![
+                    mount("backups", "/backups"),
+                    mount("scripts", "/scripts"),
+                    mount("tmp", "/tmp"),
+                ]),
+                ..Default::default()
+            }],
+            volumes: Some(vec![
+                Volume {
+                    name: "backups".into(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: names::backups_pvc(db),
+                        read_only: None,
+                    }),
+                    ..Default::default()
+                },
+                scripts_volume(db),
+                empty_dir("tmp"),
+            ]),
+            ..Default::default()
+        }),
+    }
+}
+
+fn job_spec(db: &MyDatabase, retention: &str) -> JobSpec {
+    JobSpec {
+        // One retry for a blip; a real failure shows in status quickly.
+        backoff_limit: Some(1),
+        active_deadline_seconds: Some(6 * 3600),
+        template: backup_pod(db, retention),
+        ..Default::default()
+    }
+}
+
+/// The CronJob for `spec.backup`; None when backups are off.
+pub fn cronjob(db: &MyDatabase) -> Result<Option<CronJob>> {
+    let Some(backup) = &db.spec.backup else { return Ok(None) };
+    Ok(Some(CronJob {
+        metadata: names::owned_meta(db, names::backup_cronjob(db), "backup")?,
+        spec: CronJobSpec {
+            schedule: backup.schedule.trim().to_string(),
+            concurrency_policy: Some("Forbid".into()),
+            starting_deadline_seconds: Some(3600),
+            successful_jobs_history_limit: Some(3),
+            failed_jobs_history_limit: Some(3),
+            job_template: JobTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(names::labels(db, "backup")), ..Default::default() }),
+                spec: Some(job_spec(db, &backup.retention)),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    }))
+}
+
+/// The last backup before the data volumes go (Snapshot deletion policy).
+pub fn final_backup_job(db: &MyDatabase) -> Result<Job> {
+    let retention = db.spec.backup.as_ref().map_or(DEFAULT_RETENTION, |b| b.retention.as_str());
+    Ok(Job {
+        metadata: names::owned_meta(db, names::final_backup_job(db), "backup")?,
+        spec: Some(job_spec(db, retention)),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mydatabase::tests::sample;
+
+    #[test]
+    fn cronjob_follows_the_schedule_and_never_overlaps() {
+        let cronjob = cronjob(&sample()).expect("builds").expect("backup configured");
+        let spec = cronjob.spec;
+        assert_eq!(spec.schedule, "0 2 * * *");
+        assert_eq!(spec.concurrency_policy.as_deref(), Some("Forbid"));
+        let pod = spec.job_template.spec.expect("job").template.spec.expect("pod");
+        let env = pod.containers[0].env.clone().expect("env");
+        let retention = env.iter().find(|e| e.name == "RETENTION").and_then(|e| e.value.clone());
+        assert_eq!(retention.as_deref(), Some("7d"));
+        let claim = pod.volumes.expect("volumes")[0].persistent_volume_claim.clone().expect("pvc");
+        assert_eq!(claim.claim_name, "production-db-backups");
+    }
+
+    #[test]
+    fn no_backup_section_means_no_cronjob() {
+        let mut db = sample();
+        db.spec.backup = None;
+        assert!(cronjob(&db).expect("builds").is_none());
+    }
+
+    #[test]
+    fn backups_volume_is_not_owned() {
+        assert!(volume_claim(&sample()).metadata.owner_references.is_none());
+    }
+}

@@ -1,0 +1,256 @@
+//! The StatefulSet running PostgreSQL: pod 0 is the primary, the others
+//! stream from it (see `scripts/keelson-postgres.sh start`).
+
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, ExecAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm,
+    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector,
+    SecurityContext, Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use super::credentials::{PASSWORD_KEY, REPLICATION_PASSWORD_KEY};
+use super::names::{self, APP_DB, APP_USER, PORT};
+use crate::Result;
+use crate::api::MyDatabase;
+
+/// The official image runs as `postgres`, uid 999.
+const POSTGRES_UID: i64 = 999;
+const DATA_MOUNT: &str = "/var/lib/postgresql/data";
+
+pub fn image(db: &MyDatabase) -> String {
+    format!("{}:{}", db.spec.image_repository, db.spec.version)
+}
+
+pub fn pod_security_context() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(POSTGRES_UID),
+        run_as_group: Some(POSTGRES_UID),
+        fs_group: Some(POSTGRES_UID),
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+pub fn container_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
+}
+
+pub fn secret_env(db: &MyDatabase, name: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: names::credentials(db),
+                key: key.into(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn scripts_volume(db: &MyDatabase) -> Volume {
+    Volume {
+        name: "scripts".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: names::scripts(db),
+            default_mode: Some(0o555),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn empty_dir(name: &str) -> Volume {
+    Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }
+}
+
+pub fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount { name: name.into(), mount_path: path.into(), ..Default::default() }
+}
+
+fn pg_isready() -> Probe {
+    Probe {
+        exec: Some(ExecAction {
+            command: Some(vec!["pg_isready".into(), "-h".into(), "127.0.0.1".into(), "-p".into(), PORT.to_string()]),
+        }),
+        period_seconds: Some(5),
+        timeout_seconds: Some(3),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}
+
+/// Builds the desired StatefulSet for `db`.
+pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
+    let labels = names::labels(db, "database");
+    let container = Container {
+        name: "postgres".into(),
+        image: Some(image(db)),
+        command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "start".into()]),
+        env: Some(vec![
+            EnvVar {
+                name: "POD_NAME".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector { field_path: "metadata.name".into(), ..Default::default() }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
+            env("PGPORT", PORT.to_string()),
+            env("APP_DB", APP_DB),
+            env("APP_USER", APP_USER),
+            secret_env(db, "APP_PASSWORD", PASSWORD_KEY),
+            secret_env(db, "REPLICATION_PASSWORD", REPLICATION_PASSWORD_KEY),
+            env("PRIMARY_HOST", names::primary_host(db)),
+            env("PRIMARY_PORT", PORT.to_string()),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("postgresql".into()),
+            container_port: PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(pg_isready()),
+        liveness_probe: Some(Probe { initial_delay_seconds: Some(30), failure_threshold: Some(6), ..pg_isready() }),
+        security_context: Some(container_security_context()),
+        volume_mounts: Some(vec![
+            mount("data", DATA_MOUNT),
+            mount("scripts", "/scripts"),
+            mount("run", "/var/run/postgresql"),
+            mount("tmp", "/tmp"),
+        ]),
+        ..Default::default()
+    };
+    let anti_affinity = PodAntiAffinity {
+        preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
+            weight: 100,
+            pod_affinity_term: PodAffinityTerm {
+                topology_key: "kubernetes.io/hostname".into(),
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(names::pod_selector(db)),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        }]),
+        ..Default::default()
+    };
+    let claim = PersistentVolumeClaim {
+        metadata: ObjectMeta { name: Some("data".into()), labels: Some(labels.clone()), ..Default::default() },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some([("storage".to_string(), Quantity(db.spec.storage.clone()))].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Ok(StatefulSet {
+        metadata: names::owned_meta(db, names::statefulset(db), "database")?,
+        spec: Some(StatefulSetSpec {
+            replicas: Some(db.spec.replicas),
+            service_name: Some(names::headless_service(db)),
+            selector: LabelSelector { match_labels: Some(names::pod_selector(db)), ..Default::default() },
+            // Replicas clone the primary, so they start after it, in order.
+            pod_management_policy: Some("OrderedReady".into()),
+            // Rolling updates go from the highest ordinal down: replicas first, primary last.
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("RollingUpdate".into()),
+                ..Default::default()
+            }),
+            // Data volumes outlive the StatefulSet; the deletion policy decides their fate.
+            persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+                when_deleted: Some("Retain".into()),
+                when_scaled: Some("Retain".into()),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels), ..Default::default() }),
+                spec: Some(PodSpec {
+                    security_context: Some(pod_security_context()),
+                    affinity: Some(Affinity { pod_anti_affinity: Some(anti_affinity), ..Default::default() }),
+                    termination_grace_period_seconds: Some(30),
+                    containers: vec![container],
+                    volumes: Some(vec![scripts_volume(db), empty_dir("run"), empty_dir("tmp")]),
+                    ..Default::default()
+                }),
+            },
+            volume_claim_templates: Some(vec![claim]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+/// The storage request in an existing StatefulSet's data claim template.
+pub fn template_storage(sts: &StatefulSet) -> Option<String> {
+    sts.spec
+        .as_ref()?
+        .volume_claim_templates
+        .as_ref()?
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some("data"))?
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")
+        .map(|q| q.0.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mydatabase::tests::sample;
+
+    #[test]
+    fn statefulset_runs_the_tutorial_database_safely() {
+        let sts = build(&sample()).expect("builds");
+        let spec = sts.spec.as_ref().expect("spec");
+        assert_eq!(spec.replicas, Some(3));
+        assert_eq!(spec.service_name.as_deref(), Some("production-db-headless"));
+        assert_eq!(template_storage(&sts).as_deref(), Some("100Gi"));
+        let pod = spec.template.spec.as_ref().expect("pod");
+        assert_eq!(pod.security_context.as_ref().and_then(|s| s.run_as_non_root), Some(true));
+        let container = &pod.containers[0];
+        assert_eq!(container.image.as_deref(), Some("postgres:15.2"));
+        let probe = container.readiness_probe.as_ref().and_then(|p| p.exec.as_ref()).and_then(|e| e.command.clone());
+        assert_eq!(probe.expect("probe")[0], "pg_isready");
+        let anti = pod.affinity.as_ref().and_then(|a| a.pod_anti_affinity.as_ref()).expect("anti-affinity");
+        assert!(anti.preferred_during_scheduling_ignored_during_execution.is_some());
+        let env = container.env.as_ref().expect("env");
+        let password = env.iter().find(|e| e.name == "APP_PASSWORD").expect("password env");
+        assert!(password.value.is_none(), "passwords come from the Secret, never inline");
+        let primary = env.iter().find(|e| e.name == "PRIMARY_HOST").and_then(|e| e.value.clone());
+        assert_eq!(primary.as_deref(), Some("production-db-0.production-db-headless"));
+    }
+
+    #[test]
+    fn image_repository_is_overridable() {
+        let mut db = sample();
+        db.spec.image_repository = "registry.example.com/pg".into();
+        assert_eq!(image(&db), "registry.example.com/pg:15.2");
+    }
+}

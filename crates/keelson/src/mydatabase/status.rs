@@ -1,0 +1,251 @@
+//! MyDatabase status, computed from what the cluster reports: the
+//! StatefulSet's readiness and the backup Jobs' outcomes.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+
+use super::names;
+use super::validation::Invalid;
+use crate::api::conditions::{DesiredCondition, merge_conditions};
+use crate::api::mydatabase::{DatabasePhase, MyDatabase, MyDatabaseStatus};
+
+/// The outcome of the newest finished backup Job, and the newest success.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Backups {
+    pub last_success: Option<Time>,
+    /// Name of the newest finished Job when it failed.
+    pub newest_failed: Option<String>,
+}
+
+fn job_condition_time(job: &Job, type_: &str) -> Option<Time> {
+    job.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == "True")
+        .and_then(|c| c.last_transition_time.clone())
+}
+
+/// Reads the finished backup Jobs (from the CronJob and the final Snapshot).
+pub fn observe_backups(jobs: &[Job]) -> Backups {
+    let mut finished: Vec<(Time, bool, String)> = jobs
+        .iter()
+        .filter_map(|job| {
+            let succeeded = job_condition_time(job, "Complete")
+                .or_else(|| job_condition_time(job, "SuccessCriteriaMet"))
+                .map(|t| (job.status.as_ref().and_then(|s| s.completion_time.clone()).unwrap_or(t), true));
+            let failed = job_condition_time(job, "Failed").map(|t| (t, false));
+            succeeded.or(failed).map(|(time, ok)| (time, ok, job.name_any()))
+        })
+        .collect();
+    finished.sort_by(|a, b| a.0.0.cmp(&b.0.0));
+    Backups {
+        last_success: finished.iter().rev().find(|(_, ok, _)| *ok).map(|(t, _, _)| t.clone()),
+        newest_failed: finished.last().filter(|(_, ok, _)| !ok).map(|(_, _, name)| name.clone()),
+    }
+}
+
+/// Everything status depends on, as observed in this reconcile.
+pub struct Observed<'a> {
+    pub statefulset: Option<&'a StatefulSet>,
+    pub backups: Backups,
+    pub backup_scheduled: bool,
+    pub invalid: Option<&'a Invalid>,
+    pub failure: Option<String>,
+    pub deleting: bool,
+}
+
+pub fn compute(db: &MyDatabase, observed: &Observed, now: &Time) -> MyDatabaseStatus {
+    let desired = db.spec.replicas;
+    let sts_status = observed.statefulset.and_then(|s| s.status.as_ref());
+    let ready = sts_status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let current = observed.statefulset.is_some_and(|s| {
+        let status = s.status.as_ref();
+        status.and_then(|st| st.observed_generation).unwrap_or(0) >= s.metadata.generation.unwrap_or(0)
+            && status.and_then(|st| st.updated_replicas).unwrap_or(0) == desired
+            && status.map(|st| st.replicas).unwrap_or(0) == desired
+    });
+    let previous = db.status.as_ref();
+    let was_running = matches!(previous.and_then(|s| s.phase), Some(DatabasePhase::Running | DatabasePhase::Degraded));
+    let phase = if observed.deleting {
+        DatabasePhase::Deleting
+    } else if observed.invalid.is_some() {
+        DatabasePhase::Failed
+    } else if observed.statefulset.is_none() {
+        DatabasePhase::Pending
+    } else if ready == desired && current {
+        DatabasePhase::Running
+    } else if was_running {
+        DatabasePhase::Degraded
+    } else {
+        DatabasePhase::Creating
+    };
+    let is_ready = phase == DatabasePhase::Running;
+
+    let mut conditions = vec![match (observed.invalid, &observed.failure) {
+        (Some(invalid), _) => DesiredCondition::new("Ready", false, invalid.reason, invalid.message.clone()),
+        (None, Some(failure)) => DesiredCondition::new("Ready", false, "ReconcileFailed", failure.clone()),
+        (None, None) if is_ready => {
+            DesiredCondition::new("Ready", true, "AllInstancesReady", format!("{ready}/{desired} instances ready"))
+        }
+        (None, None) => {
+            DesiredCondition::new("Ready", false, "InstancesNotReady", format!("{ready}/{desired} instances ready"))
+        }
+    }];
+    conditions.push(match observed.invalid {
+        Some(invalid) => DesiredCondition::new("SpecValid", false, invalid.reason, invalid.message.clone()),
+        None => DesiredCondition::new("SpecValid", true, "Valid", ""),
+    });
+    conditions.push(match (&db.spec.backup, observed.backup_scheduled) {
+        (Some(backup), true) => DesiredCondition::new(
+            "BackupScheduled",
+            true,
+            "CronJobReady",
+            format!("backups run on {:?}, kept {}", backup.schedule, backup.retention),
+        ),
+        (Some(_), false) => {
+            DesiredCondition::new("BackupScheduled", false, "CronJobMissing", "the backup CronJob is not in place yet")
+        }
+        (None, _) => DesiredCondition::new("BackupScheduled", false, "NoBackupConfigured", "spec.backup is not set"),
+    });
+    match (&observed.backups.newest_failed, &observed.backups.last_success) {
+        (Some(job), _) => conditions.push(DesiredCondition::new(
+            "LastBackupSucceeded",
+            false,
+            "BackupFailed",
+            format!("backup Job {job} failed; see `kubectl logs job/{job}`"),
+        )),
+        (None, Some(_)) => conditions.push(DesiredCondition::new(
+            "LastBackupSucceeded",
+            true,
+            "BackupCompleted",
+            "the newest backup completed",
+        )),
+        (None, None) => {}
+    }
+    let previous_conditions = previous.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    MyDatabaseStatus {
+        phase: Some(phase),
+        ready: is_ready,
+        ready_replicas: ready,
+        instances: Some(format!("{ready}/{desired}")),
+        last_backup_time: observed
+            .backups
+            .last_success
+            .clone()
+            .or_else(|| previous.and_then(|s| s.last_backup_time.clone())),
+        credentials_secret: Some(names::credentials(db)),
+        observed_generation: db.metadata.generation,
+        conditions: merge_conditions(previous_conditions, &conditions, db.metadata.generation, now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mydatabase::tests::sample;
+    use k8s_openapi::api::apps::v1::StatefulSetStatus;
+    use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH))
+    }
+
+    fn sts(ready: i32, replicas: i32) -> StatefulSet {
+        let mut s = StatefulSet::default();
+        s.metadata.generation = Some(1);
+        s.status = Some(StatefulSetStatus {
+            observed_generation: Some(1),
+            replicas,
+            ready_replicas: Some(ready),
+            updated_replicas: Some(replicas),
+            ..Default::default()
+        });
+        s
+    }
+
+    fn job(name: &str, kind: &str, secs: i64) -> Job {
+        let mut j = Job::default();
+        j.metadata.name = Some(name.into());
+        j.status = Some(JobStatus {
+            completion_time: (kind == "Complete").then(|| at(secs)),
+            conditions: Some(vec![JobCondition {
+                type_: kind.into(),
+                status: "True".into(),
+                last_transition_time: Some(at(secs)),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        j
+    }
+
+    fn observed(sts: Option<&StatefulSet>) -> Observed<'_> {
+        Observed {
+            statefulset: sts,
+            backups: Backups::default(),
+            backup_scheduled: true,
+            invalid: None,
+            failure: None,
+            deleting: false,
+        }
+    }
+
+    fn condition(status: &MyDatabaseStatus, type_: &str) -> Option<(String, String)> {
+        status.conditions.iter().find(|c| c.type_ == type_).map(|c| (c.status.clone(), c.reason.clone()))
+    }
+
+    #[test]
+    fn all_instances_ready_is_running() {
+        let s = sts(3, 3);
+        let status = compute(&sample(), &observed(Some(&s)), &at(0));
+        assert_eq!(status.phase, Some(DatabasePhase::Running));
+        assert!(status.ready);
+        assert_eq!(status.instances.as_deref(), Some("3/3"));
+        assert_eq!(condition(&status, "Ready"), Some(("True".into(), "AllInstancesReady".into())));
+    }
+
+    #[test]
+    fn not_ready_is_creating_first_and_degraded_after_running() {
+        let s = sts(1, 3);
+        let mut db = sample();
+        assert_eq!(compute(&db, &observed(Some(&s)), &at(0)).phase, Some(DatabasePhase::Creating));
+        db.status = Some(MyDatabaseStatus { phase: Some(DatabasePhase::Running), ..Default::default() });
+        assert_eq!(compute(&db, &observed(Some(&s)), &at(0)).phase, Some(DatabasePhase::Degraded));
+        assert_eq!(compute(&sample(), &observed(None), &at(0)).phase, Some(DatabasePhase::Pending));
+    }
+
+    #[test]
+    fn invalid_spec_is_failed_naming_the_field() {
+        let invalid = Invalid {
+            field: "spec.backup.schedule",
+            reason: "InvalidSchedule",
+            message: "spec.backup.schedule: bad".into(),
+        };
+        let s = sts(3, 3);
+        let status = compute(&sample(), &Observed { invalid: Some(&invalid), ..observed(Some(&s)) }, &at(0));
+        assert_eq!(status.phase, Some(DatabasePhase::Failed));
+        assert_eq!(condition(&status, "SpecValid"), Some(("False".into(), "InvalidSchedule".into())));
+        assert!(status.conditions.iter().any(|c| c.message.contains("spec.backup.schedule")));
+    }
+
+    #[test]
+    fn backups_report_newest_success_and_failure() {
+        let jobs = [job("b-1", "Complete", 100), job("b-2", "Failed", 200)];
+        let backups = observe_backups(&jobs);
+        assert_eq!(backups.last_success, Some(at(100)));
+        assert_eq!(backups.newest_failed.as_deref(), Some("b-2"));
+        let s = sts(3, 3);
+        let status = compute(&sample(), &Observed { backups, ..observed(Some(&s)) }, &at(0));
+        assert_eq!(status.last_backup_time, Some(at(100)));
+        assert_eq!(condition(&status, "LastBackupSucceeded"), Some(("False".into(), "BackupFailed".into())));
+
+        let recovered = observe_backups(&[job("b-2", "Failed", 200), job("b-3", "Complete", 300)]);
+        assert_eq!(recovered.newest_failed, None);
+        assert_eq!(recovered.last_success, Some(at(300)));
+    }
+}
