@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
-use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 
 use crate::runtime::health::{self, Readiness};
+use crate::runtime::leader::LeaderElector;
 use crate::runtime::{Context, Metrics};
 use crate::{mydatabase, webapp};
 
@@ -66,8 +66,6 @@ pub enum RunError {
     Client(#[source] kube::Error),
     #[error("cannot listen on {0}: {1}")]
     Listen(SocketAddr, #[source] std::io::Error),
-    #[error("leader election failed: {0}")]
-    LeaderElection(#[source] kube_lease_manager::LeaseManagerError),
     #[error("lost the leader Lease; exiting so another instance takes over")]
     LostLease,
 }
@@ -154,14 +152,14 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         .map_err(|e| RunError::Listen(args.metrics_addr, e))?;
 
     // `stop` flips to true on a termination signal; every task watches it.
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let (stop_tx, mut stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         termination_signal().await;
         tracing::info!("termination signal received; draining in-flight reconciles");
         let _ = stop_tx.send(true);
     });
 
-    let mut lease = None;
+    let mut elector = None;
     if args.leader_elect {
         let namespace = args
             .leader_election_namespace
@@ -169,75 +167,57 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .unwrap_or_else(|| "default".to_string());
         let identity = std::env::var("POD_NAME").unwrap_or_else(|_| format!("keelson-{}", std::process::id()));
-        let manager = LeaseManagerBuilder::new(client.clone(), &args.leader_election_id)
-            .with_namespace(&namespace)
-            .with_identity(&identity)
-            .with_duration(15)
-            .with_grace(5)
-            .build()
-            .await
-            .map_err(RunError::LeaderElection)?;
-        let (mut is_leader, task) = manager.watch().await;
+        let mut candidate = LeaderElector::new(client.clone(), &namespace, &args.leader_election_id, &identity);
         tracing::info!(lease = %args.leader_election_id, %namespace, %identity, "waiting to become leader");
-        let mut stop = stop_rx.clone();
-        loop {
-            if *is_leader.borrow_and_update() {
-                break;
-            }
-            tokio::select! {
-                changed = is_leader.changed() => if changed.is_err() { return Err(RunError::LostLease) },
-                _ = stop.changed() => {
-                    drop(is_leader);
-                    let _ = task.await;
-                    return Ok(());
-                }
-            }
+        tokio::select! {
+            _ = candidate.acquire() => {}
+            _ = stop_rx.wait_for(|stop| *stop) => return Ok(()),
         }
         tracing::info!(%identity, "became leader");
-        lease = Some((is_leader, task));
+        elector = Some(candidate);
     }
     metrics.leader.set(1);
 
-    let ctx = Context::new(client, metrics.clone());
-    let lost_lease = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // Controllers stop on a termination signal or when the lease is lost.
+    // Controllers stop on a termination signal, or when the lease is lost.
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    {
+    let lost_lease = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let holder = {
         let mut stop = stop_rx.clone();
         let lost_lease = lost_lease.clone();
-        let mut leader_rx = lease.as_ref().map(|(rx, _)| rx.clone());
         tokio::spawn(async move {
-            // A closed channel means the lease task died: treat it as lost.
-            let lease_lost = async {
-                match leader_rx.as_mut() {
-                    Some(rx) => while rx.changed().await.is_ok() && *rx.borrow() {},
+            let mut elector = elector;
+            let holding = async {
+                match elector.as_mut() {
+                    Some(elector) => elector.hold().await,
                     None => futures::future::pending::<()>().await,
                 }
             };
             tokio::select! {
-                _ = stop.changed() => {}
-                _ = lease_lost => {
+                _ = stop.wait_for(|stop| *stop) => {}
+                _ = holding => {
                     tracing::error!("lost the leader Lease");
                     lost_lease.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
             }
             let _ = shutdown_tx.send(true);
-        });
-    }
+            elector
+        })
+    };
     tracing::info!(namespace = ?args.namespace, concurrency = args.concurrency, "starting controllers");
+    let ctx = Context::new(client, metrics.clone());
     run_controllers(ctx, args.namespace.clone(), args.concurrency, readiness, shutdown_rx).await;
     metrics.leader.set(0);
 
-    if let Some((is_leader, task)) = lease {
-        drop(is_leader);
-        // Releasing the Lease lets a successor start at once.
-        match tokio::time::timeout(Duration::from_secs(5), task).await {
-            Ok(_) => tracing::info!("released the leader Lease"),
-            Err(_) => tracing::warn!("timed out releasing the leader Lease"),
-        }
-    }
     if lost_lease.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(RunError::LostLease);
+    }
+    // Reconciles have drained: give the lease up so a successor starts at once.
+    if let Ok(Some(mut elector)) = holder.await {
+        match tokio::time::timeout(Duration::from_secs(5), elector.release()).await {
+            Ok(Ok(())) => tracing::info!("released the leader Lease"),
+            Ok(Err(error)) => tracing::warn!(%error, "could not release the leader Lease"),
+            Err(_) => tracing::warn!("timed out releasing the leader Lease"),
+        }
     }
     tracing::info!("stopped cleanly");
     Ok(())

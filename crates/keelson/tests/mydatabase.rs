@@ -396,8 +396,12 @@ async fn updates_replicas_version_storage_and_schedule() -> anyhow::Result<()> {
     })
     .await?;
     for claim in data_claims(&ns).await? {
-        let request =
-            claim.spec.clone().and_then(|s| s.resources).and_then(|r| r.requests).and_then(|r| r.get("storage").cloned());
+        let request = claim
+            .spec
+            .clone()
+            .and_then(|s| s.resources)
+            .and_then(|r| r.requests)
+            .and_then(|r| r.get("storage").cloned());
         assert_eq!(request.map(|q| q.0).as_deref(), Some("200Gi"), "{} not expanded", claim.name_any());
     }
     wait_for_event(&ns, "StorageExpanding").await?;

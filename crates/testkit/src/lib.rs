@@ -10,6 +10,7 @@
 mod diagnostics;
 mod namespace;
 pub mod postgres;
+pub mod process;
 mod wait;
 
 pub use diagnostics::dump_namespace;

@@ -21,7 +21,7 @@ pub const EVENTS: &[Permission] =
 pub const LEADER_ELECTION: &[Permission] = &[Permission {
     group: "coordination.k8s.io",
     resources: &["leases"],
-    verbs: &["get", "list", "watch", "create", "update", "patch", "delete"],
+    verbs: &["get", "create", "update"],
 }];
 
 pub const CLUSTER_ROLE_NAME: &str = "keelson-manager";

@@ -6,6 +6,7 @@ pub mod context;
 pub mod controller;
 pub mod drift;
 pub mod health;
+pub mod leader;
 pub mod metrics;
 
 pub use apply::{ChildChange, apply_child};

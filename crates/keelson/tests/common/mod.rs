@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use keelson::manifests;
 use keelson::runtime::health::Readiness;
@@ -52,6 +52,43 @@ pub fn init_logging() {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
 }
 
+/// The operator's ServiceAccount in `ns`, bound to the generated ClusterRole
+/// (within `ns`) and to the generated leader-election Role.
+pub async fn grant_operator_rbac(cluster: &Cluster, ns: &TestNamespace) -> anyhow::Result<()> {
+    install(cluster).await?;
+    let params = PatchParams::apply("keelson-tests").force();
+    let sa = ServiceAccount {
+        metadata: ObjectMeta { name: Some(OPERATOR_SA.into()), ..Default::default() },
+        ..Default::default()
+    };
+    ns.api::<ServiceAccount>().patch(OPERATOR_SA, &params, &Patch::Apply(&sa)).await.context("create operator SA")?;
+    let leader_role = manifests::rbac::leader_election_role(&ns.name);
+    ns.api::<Role>()
+        .patch(manifests::rbac::LEADER_ROLE_NAME, &params, &Patch::Apply(&leader_role))
+        .await
+        .context("leader Role")?;
+    for (name, kind) in
+        [(manifests::rbac::CLUSTER_ROLE_NAME, "ClusterRole"), (manifests::rbac::LEADER_ROLE_NAME, "Role")]
+    {
+        let binding = RoleBinding {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: kind.into(),
+                name: name.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: OPERATOR_SA.into(),
+                namespace: Some(ns.name.clone()),
+                ..Default::default()
+            }]),
+        };
+        ns.api::<RoleBinding>().patch(name, &params, &Patch::Apply(&binding)).await.context("bind role")?;
+    }
+    Ok(())
+}
+
 pub struct TestOperator {
     pub metrics: Arc<Metrics>,
     stop: watch::Sender<bool>,
@@ -61,34 +98,7 @@ pub struct TestOperator {
 impl TestOperator {
     /// Starts both controllers watching only `ns`, and waits for their caches.
     pub async fn start(cluster: &Cluster, ns: &TestNamespace) -> anyhow::Result<Self> {
-        install(cluster).await?;
-        let params = PatchParams::apply("keelson-tests").force();
-        let sa = ServiceAccount {
-            metadata: ObjectMeta { name: Some(OPERATOR_SA.into()), ..Default::default() },
-            ..Default::default()
-        };
-        ns.api::<ServiceAccount>()
-            .patch(OPERATOR_SA, &params, &Patch::Apply(&sa))
-            .await
-            .context("create operator SA")?;
-        let binding = RoleBinding {
-            metadata: ObjectMeta { name: Some("keelson-manager".into()), ..Default::default() },
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "ClusterRole".into(),
-                name: manifests::rbac::CLUSTER_ROLE_NAME.into(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: OPERATOR_SA.into(),
-                namespace: Some(ns.name.clone()),
-                ..Default::default()
-            }]),
-        };
-        ns.api::<RoleBinding>()
-            .patch("keelson-manager", &params, &Patch::Apply(&binding))
-            .await
-            .context("bind role")?;
+        grant_operator_rbac(cluster, ns).await?;
         Self::start_as_service_account(cluster, ns).await
     }
 
