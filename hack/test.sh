@@ -28,6 +28,8 @@ trap cleanup EXIT
 # shellcheck disable=SC1091
 source target/dev-cluster/env
 export KEELSON_REQUIRE_CLUSTER=1 KEELSON_REQUIRE_POSTGRES=1
+HELM="$(hack/helm.sh)"
+export HELM
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-6}"
 
 log "lint"

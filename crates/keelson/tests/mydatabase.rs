@@ -85,7 +85,7 @@ fn deleted_or_deleting(claim: Option<&PersistentVolumeClaim>) -> bool {
 #[tokio::test]
 async fn tutorial_database_runs_with_every_child() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("mydb-create").await?;
+    let ns = common::namespace(&cluster, "mydb-create").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     let db = create_running(&ns, None).await?;
     assert_eq!(db.status.as_ref().and_then(|s| s.instances.as_deref()), Some("3/3"));
@@ -156,7 +156,7 @@ async fn tutorial_database_runs_with_every_child() -> anyhow::Result<()> {
 #[tokio::test]
 async fn invalid_specs_are_rejected_or_reported_naming_the_field() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("mydb-invalid").await?;
+    let ns = common::namespace(&cluster, "mydb-invalid").await?;
     let operator = TestOperator::start(&cluster, &ns).await?;
     let base = json!({"replicas": 1, "version": "15", "storage": "1Gi"});
     let cases = [
@@ -234,7 +234,7 @@ async fn invalid_specs_are_rejected_or_reported_naming_the_field() -> anyhow::Re
 #[tokio::test]
 async fn backups_are_reported_in_status_success_and_failure() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("mydb-backups").await?;
+    let ns = common::namespace(&cluster, "mydb-backups").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, None).await?;
     let dbs = ns.api::<MyDatabase>();
@@ -282,7 +282,7 @@ async fn backups_are_reported_in_status_success_and_failure() -> anyhow::Result<
 #[tokio::test]
 async fn deletion_policy_retain_keeps_data_and_credentials() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("mydb-retain").await?;
+    let ns = common::namespace(&cluster, "mydb-retain").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     let db = create_running(&ns, None).await?;
     assert!(db.finalizers().iter().any(|f| f == "db.keelson.dev/cleanup"));
@@ -303,7 +303,7 @@ async fn deletion_policy_retain_keeps_data_and_credentials() -> anyhow::Result<(
 #[tokio::test]
 async fn deletion_policy_delete_removes_data_and_backups() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("mydb-delete").await?;
+    let ns = common::namespace(&cluster, "mydb-delete").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, Some("Delete")).await?;
     ns.api::<MyDatabase>().delete(NAME, &DeleteParams::background()).await?;
@@ -322,7 +322,7 @@ async fn deletion_policy_delete_removes_data_and_backups() -> anyhow::Result<()>
 #[tokio::test]
 async fn deletion_policy_snapshot_takes_a_final_backup_first() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("mydb-snapshot").await?;
+    let ns = common::namespace(&cluster, "mydb-snapshot").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, Some("Snapshot")).await?;
     ns.api::<MyDatabase>().delete(NAME, &DeleteParams::background()).await?;
@@ -346,7 +346,7 @@ async fn deletion_policy_snapshot_takes_a_final_backup_first() -> anyhow::Result
 #[tokio::test]
 async fn delete_while_the_operator_is_down_completes_when_it_returns() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("mydb-delete-offline").await?;
+    let ns = common::namespace(&cluster, "mydb-delete-offline").await?;
     let operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, Some("Delete")).await?;
     operator.stop().await?;
@@ -364,7 +364,7 @@ async fn delete_while_the_operator_is_down_completes_when_it_returns() -> anyhow
 #[tokio::test]
 async fn updates_replicas_version_storage_and_schedule() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("mydb-updates").await?;
+    let ns = common::namespace(&cluster, "mydb-updates").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, None).await?;
     let dbs = ns.api::<MyDatabase>();
@@ -430,7 +430,7 @@ async fn updates_replicas_version_storage_and_schedule() -> anyhow::Result<()> {
 #[tokio::test]
 async fn restart_over_a_running_database_writes_nothing() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("mydb-restart").await?;
+    let ns = common::namespace(&cluster, "mydb-restart").await?;
     let operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, None).await?;
     let before = ns.api::<Secret>().get("production-db-credentials").await?;

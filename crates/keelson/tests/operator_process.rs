@@ -43,7 +43,7 @@ fn start(ns: &TestNamespace, identity: &str, extra: &[&str]) -> anyhow::Result<O
 #[tokio::test]
 async fn probes_metrics_and_clean_shutdown_on_sigterm() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("process-probes").await?;
+    let ns = common::namespace(&cluster, "process-probes").await?;
     common::grant_operator_rbac(&cluster, &ns).await?;
     let mut operator = start(&ns, "keelson-probes", &[])?;
 
@@ -97,7 +97,7 @@ fn record_lease(
 #[tokio::test]
 async fn only_the_leader_reconciles_and_a_successor_takes_over() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("process-leader").await?;
+    let ns = common::namespace(&cluster, "process-leader").await?;
     common::grant_operator_rbac(&cluster, &ns).await?;
     let (stop_recording, stop) = tokio::sync::oneshot::channel();
     let history = record_lease(&ns, stop);

@@ -64,7 +64,7 @@ async fn wait_for_event(ns: &TestNamespace, reason: &str, note_contains: &str) -
 #[tokio::test]
 async fn create_reaches_running_and_kubectl_shows_the_tutorial_columns() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("webapp-create").await?;
+    let ns = common::namespace(&cluster, "webapp-create").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, 3).await?;
 
@@ -93,7 +93,7 @@ async fn create_reaches_running_and_kubectl_shows_the_tutorial_columns() -> anyh
 #[tokio::test]
 async fn kubectl_scale_deployment_is_taken_back() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("webapp-scale-drift").await?;
+    let ns = common::namespace(&cluster, "webapp-scale-drift").await?;
     let operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, 3).await?;
 
@@ -111,7 +111,7 @@ async fn kubectl_scale_deployment_is_taken_back() -> anyhow::Result<()> {
 #[tokio::test]
 async fn swapped_image_is_reverted() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("webapp-image-drift").await?;
+    let ns = common::namespace(&cluster, "webapp-image-drift").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, 2).await?;
 
@@ -127,7 +127,7 @@ async fn swapped_image_is_reverted() -> anyhow::Result<()> {
 #[tokio::test]
 async fn deleted_service_is_recreated_and_edited_type_reverted() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("webapp-service-drift").await?;
+    let ns = common::namespace(&cluster, "webapp-service-drift").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, 1).await?;
     let services = ns.api::<Service>();
@@ -154,7 +154,7 @@ async fn deleted_service_is_recreated_and_edited_type_reverted() -> anyhow::Resu
 #[tokio::test]
 async fn spec_edits_are_followed() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("webapp-spec-edits").await?;
+    let ns = common::namespace(&cluster, "webapp-spec-edits").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, 3).await?;
     let apps = ns.api::<WebApp>();
@@ -194,7 +194,7 @@ async fn spec_edits_are_followed() -> anyhow::Result<()> {
 #[tokio::test]
 async fn kubectl_scale_webapp_is_followed() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("webapp-scale-subresource").await?;
+    let ns = common::namespace(&cluster, "webapp-scale-subresource").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, 1).await?;
 
@@ -216,7 +216,7 @@ async fn kubectl_scale_webapp_is_followed() -> anyhow::Result<()> {
 #[tokio::test]
 async fn deleting_the_webapp_removes_its_children() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("webapp-delete").await?;
+    let ns = common::namespace(&cluster, "webapp-delete").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, 2).await?;
 
@@ -230,7 +230,7 @@ async fn deleting_the_webapp_removes_its_children() -> anyhow::Result<()> {
 #[tokio::test]
 async fn steady_state_and_restart_make_no_writes() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("webapp-no-writes").await?;
+    let ns = common::namespace(&cluster, "webapp-no-writes").await?;
     let operator = TestOperator::start(&cluster, &ns).await?;
     create_running(&ns, 2).await?;
     let apps = ns.api::<WebApp>();
@@ -283,7 +283,7 @@ async fn steady_state_and_restart_make_no_writes() -> anyhow::Result<()> {
 #[tokio::test]
 async fn invalid_specs_are_rejected_naming_the_field() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let ns = cluster.namespace("webapp-invalid").await?;
+    let ns = common::namespace(&cluster, "webapp-invalid").await?;
     common::install(&cluster).await?;
     let cases = [
         (json!({"replicas": -1, "image": "nginx"}), "spec.replicas"),

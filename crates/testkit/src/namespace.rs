@@ -3,7 +3,10 @@
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::ResourceExt;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
+};
 use rand::Rng;
 
 pub struct TestNamespace {
@@ -11,6 +14,9 @@ pub struct TestNamespace {
     pub client: Client,
     config: kube::Config,
     keep: bool,
+    /// Kinds whose finalizers are cleared before the namespace goes: their
+    /// controller stops with the test and could never clear them.
+    finalized_kinds: Vec<ApiResource>,
 }
 
 impl TestNamespace {
@@ -39,7 +45,12 @@ impl TestNamespace {
             .await
             .with_context(|| format!("cannot create namespace {name}"))?;
         let keep = std::env::var("KEELSON_KEEP_NAMESPACES").is_ok_and(|v| v == "1");
-        Ok(Self { name, client, config, keep })
+        Ok(Self { name, client, config, keep, finalized_kinds: Vec::new() })
+    }
+
+    /// Clears the finalizers of every `K` in this namespace before deleting it.
+    pub fn clear_finalizers_on_drop<K: kube::Resource<DynamicType = ()>>(&mut self) {
+        self.finalized_kinds.push(ApiResource::erase::<K>(&()));
     }
 
     pub fn api<K>(&self) -> Api<K>
@@ -58,6 +69,7 @@ impl Drop for TestNamespace {
         }
         let name = self.name.clone();
         let config = self.config.clone();
+        let kinds = self.finalized_kinds.clone();
         // Drop cannot await; delete from a thread with its own runtime and its
         // own client (the test's client is served by the runtime blocked here),
         // so the namespace goes even when the test panicked.
@@ -65,6 +77,15 @@ impl Drop for TestNamespace {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
             runtime.block_on(async {
                 let client = Client::try_from(config).ok()?;
+                for kind in &kinds {
+                    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &name, kind);
+                    for object in api.list_metadata(&ListParams::default()).await.ok()?.items {
+                        if object.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
+                            let patch = serde_json::json!({"metadata": {"finalizers": null}});
+                            let _ = api.patch(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+                        }
+                    }
+                }
                 Api::<Namespace>::all(client).delete(&name, &DeleteParams::background()).await.ok()
             })?;
             Some(())

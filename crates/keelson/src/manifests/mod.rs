@@ -51,6 +51,7 @@ pub fn files() -> Result<Vec<(String, String)>> {
     for crd in crd::all() {
         let file = format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural);
         files.push((format!("config/crd/bases/{file}"), format!("{HEADER}{}", to_yaml(&crd)?)));
+        files.push((format!("charts/keelson/crds/{file}"), format!("{HEADER}{}", to_yaml(&crd)?)));
         crd_files.push(format!("bases/{file}"));
     }
     let crd_refs: Vec<&str> = crd_files.iter().map(String::as_str).collect();
@@ -83,5 +84,25 @@ pub fn files() -> Result<Vec<(String, String)>> {
         "config/default/kustomization.yaml".into(),
         kustomization(&["../crd", "../rbac", "../manager"], Some(deploy::NAMESPACE)),
     ));
+    files.push((
+        "charts/keelson/templates/clusterrole.yaml".into(),
+        format!("{HEADER}{}", to_yaml(&rbac::cluster_role())?),
+    ));
     Ok(files)
+}
+
+/// The objects the Helm chart must render with its default values
+/// (everything `make deploy` applies but the namespace and the CRDs).
+pub fn chart_objects() -> Result<Vec<serde_json::Value>> {
+    let to_value =
+        |v: serde_json::Result<serde_json::Value>| v.map_err(|source| Error::Serialize { what: "manifest", source });
+    Ok(vec![
+        to_value(serde_json::to_value(deploy::service_account()))?,
+        to_value(serde_json::to_value(rbac::cluster_role()))?,
+        to_value(serde_json::to_value(deploy::cluster_role_binding()))?,
+        to_value(serde_json::to_value(rbac::leader_election_role(deploy::NAMESPACE)))?,
+        to_value(serde_json::to_value(deploy::leader_election_role_binding()))?,
+        to_value(serde_json::to_value(deploy::manager_deployment()))?,
+        to_value(serde_json::to_value(deploy::metrics_service()))?,
+    ])
 }

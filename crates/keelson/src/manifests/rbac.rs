@@ -18,11 +18,8 @@ pub const EVENTS: &[Permission] =
     &[Permission { group: "events.k8s.io", resources: &["events"], verbs: &["create", "patch"] }];
 
 /// The leader-election Lease, in the operator's own namespace only.
-pub const LEADER_ELECTION: &[Permission] = &[Permission {
-    group: "coordination.k8s.io",
-    resources: &["leases"],
-    verbs: &["get", "create", "update"],
-}];
+pub const LEADER_ELECTION: &[Permission] =
+    &[Permission { group: "coordination.k8s.io", resources: &["leases"], verbs: &["get", "create", "update"] }];
 
 pub const CLUSTER_ROLE_NAME: &str = "keelson-manager";
 pub const LEADER_ROLE_NAME: &str = "keelson-leader-election";

@@ -41,7 +41,7 @@ pub fn observe_backups(jobs: &[Job]) -> Backups {
             succeeded.or(failed).map(|(time, ok)| (time, ok, job.name_any()))
         })
         .collect();
-    finished.sort_by(|a, b| a.0.0.cmp(&b.0.0));
+    finished.sort_by_key(|(time, _, _)| time.0);
     Backups {
         last_success: finished.iter().rev().find(|(_, ok, _)| *ok).map(|(t, _, _)| t.clone()),
         newest_failed: finished.last().filter(|(_, ok, _)| !ok).map(|(_, _, name)| name.clone()),

@@ -16,12 +16,15 @@ pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 pub const RETRY_PERIOD: Duration = Duration::from_secs(2);
 
+/// The holder and renew time of a Lease, as last seen.
+type LeaseRecord = (Option<String>, Option<MicroTime>);
+
 pub struct LeaderElector {
     api: Api<Lease>,
     name: String,
     identity: String,
     /// The holder/renew-time pair last seen, and when we saw it change.
-    observed: Option<((Option<String>, Option<MicroTime>), Instant)>,
+    observed: Option<(LeaseRecord, Instant)>,
 }
 
 fn now() -> MicroTime {

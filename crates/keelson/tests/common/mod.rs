@@ -136,3 +136,11 @@ impl TestOperator {
             .sum::<f64>() as u64
     }
 }
+
+/// A namespace for one test; MyDatabase finalizers in it are cleared when it
+/// goes, since the in-process operator that would clear them stops with the test.
+pub async fn namespace(cluster: &Cluster, test_name: &str) -> anyhow::Result<TestNamespace> {
+    let mut ns = cluster.namespace(test_name).await?;
+    ns.clear_finalizers_on_drop::<keelson::api::MyDatabase>();
+    Ok(ns)
+}

@@ -1,0 +1,4 @@
+{{- define "keelson.labels" -}}
+app.kubernetes.io/component: manager
+app.kubernetes.io/name: keelson
+{{- end }}
