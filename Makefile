@@ -32,6 +32,14 @@ lint: ## cargo fmt --check and clippy -D warnings
 test: ## Unit and integration tests; builds/starts the local cluster and PostgreSQL as needed
 	hack/test.sh
 
+.PHONY: bench
+bench: ## Benchmark: 1000 WebApps, drift latency, idle writes, memory; writes docs/benchmarks.md
+	hack/bench.sh full
+
+.PHONY: bench-quick
+bench-quick: ## The same benchmark at N=100 (under 3 minutes)
+	hack/bench.sh quick
+
 ##@ Local cluster
 .PHONY: cluster-up
 cluster-up: ## Start the local control plane (etcd, apiserver, controller-manager, scheduler, kwok)

@@ -157,8 +157,8 @@ metadata:
   annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}
   labels: {type: kwok, kubernetes.io/hostname: kwok-node-$i, kubernetes.io/os: linux, kubernetes.io/arch: amd64, topology.kubernetes.io/zone: zone-$((i % 3))}
 status:
-  allocatable: {cpu: "32", memory: 256Gi, pods: "250", ephemeral-storage: 1Ti}
-  capacity: {cpu: "32", memory: 256Gi, pods: "250", ephemeral-storage: 1Ti}
+  allocatable: {cpu: "32", memory: 256Gi, pods: "1500", ephemeral-storage: 1Ti}
+  capacity: {cpu: "32", memory: 256Gi, pods: "1500", ephemeral-storage: 1Ti}
 NODE
     done
     cat <<SC

@@ -1,0 +1,404 @@
+//! `make bench`: how fast an operator converges, how quickly it undoes drift,
+//! how many writes it makes at rest, and how much it costs — measured on the
+//! local control plane against the lower bound of doing the same work directly.
+
+mod measure;
+mod report;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use keelson::api::mydatabase::{BackupSpec, DatabasePhase, DeletionPolicy, MyDatabase, MyDatabaseSpec};
+use keelson::api::webapp::{ServiceType, WebApp, WebAppPhase, WebAppSpec};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use rand::Rng;
+use serde_json::json;
+use tokio::sync::Mutex;
+
+use measure::{ProcessSampler, Summary};
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmark an operator on the local control plane")]
+struct Args {
+    /// WebApps (replicas 1) created at once.
+    #[arg(long, default_value_t = 1000)]
+    n: usize,
+    /// Drift trials (scale a random owned Deployment to 10).
+    #[arg(long, default_value_t = 100)]
+    drift_trials: usize,
+    /// MyDatabases (replicas 1) created at once.
+    #[arg(long, default_value_t = 100)]
+    databases: usize,
+    /// Seconds of rest in which writes are counted.
+    #[arg(long, default_value_t = 60)]
+    idle_seconds: u64,
+    /// The operator to measure; {metrics} and {health} become free loopback ports.
+    #[arg(
+        long,
+        default_value = "target/release/keelson run --metrics-addr 127.0.0.1:{metrics} --health-addr 127.0.0.1:{health} --log-level warn"
+    )]
+    operator_cmd: String,
+    /// The API server's audit log (write requests are counted there).
+    #[arg(long, env = "KEELSON_AUDIT_LOG")]
+    audit_log: PathBuf,
+    /// Where results.json and the pictures go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Also write docs/benchmarks.md and its pictures.
+    #[arg(long)]
+    write_docs: bool,
+}
+
+const SA_NAMESPACE: &str = "keelson-bench";
+const SA: &str = "keelson";
+const APPS_NS: &str = "bench-webapps";
+const DIRECT_NS: &str = "bench-direct";
+const DB_NS: &str = "bench-databases";
+
+fn webapp(i: usize) -> WebApp {
+    WebApp::new(
+        &format!("app-{i:04}"),
+        WebAppSpec { replicas: 1, image: "nginx:1.25-alpine".into(), port: 80, service_type: ServiceType::NodePort },
+    )
+}
+
+async fn ensure_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if let Some(existing) = namespaces.get_opt(name).await? {
+        if existing.metadata.deletion_timestamp.is_some() {
+            wait_gone(client, name).await?;
+        } else {
+            return Ok(());
+        }
+    }
+    let ns = Namespace { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
+    namespaces.create(&PostParams::default(), &ns).await?;
+    Ok(())
+}
+
+async fn wait_gone(client: &Client, name: &str) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while namespaces.get_opt(name).await?.is_some() {
+        if Instant::now() > deadline {
+            bail!("namespace {name} did not go away");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+async fn delete_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(name).await?.is_some() {
+        namespaces.delete(name, &DeleteParams::background()).await?;
+    }
+    wait_gone(client, name).await
+}
+
+/// CRDs, and the operator's ServiceAccount bound cluster-wide to the generated ClusterRole.
+async fn install(client: &Client) -> anyhow::Result<()> {
+    let params = PatchParams::apply("keelson-bench").force();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in keelson::manifests::crd::all() {
+        crds.patch(&crd.name_any(), &params, &Patch::Apply(&crd)).await?;
+    }
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
+    let role = keelson::manifests::rbac::cluster_role();
+    roles.patch(&role.name_any(), &params, &Patch::Apply(&role)).await?;
+    ensure_namespace(client, SA_NAMESPACE).await?;
+    let sa =
+        ServiceAccount { metadata: ObjectMeta { name: Some(SA.into()), ..Default::default() }, ..Default::default() };
+    Api::<ServiceAccount>::namespaced(client.clone(), SA_NAMESPACE).patch(SA, &params, &Patch::Apply(&sa)).await?;
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta { name: Some("keelson-bench".into()), ..Default::default() },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: role.name_any(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: SA.into(),
+            namespace: Some(SA_NAMESPACE.into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(client.clone()).patch("keelson-bench", &params, &Patch::Apply(&binding)).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Creates `count` objects with bounded parallelism, as a burst of users would.
+async fn create_all<K, F>(api: &Api<K>, count: usize, build: F) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+    F: Fn(usize) -> K,
+{
+    let objects: Vec<K> = (0..count).map(build).collect();
+    stream::iter(objects.into_iter().map(|o| async move { api.create(&PostParams::default(), &o).await.map(|_| ()) }))
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
+}
+
+/// Watches `api` until `done` holds for `count` objects; returns the elapsed
+/// time at which each one first satisfied it.
+async fn converge<K, F>(
+    api: Api<K>,
+    count: usize,
+    start: Instant,
+    timeout: Duration,
+    done: F,
+) -> anyhow::Result<Vec<f64>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    F: Fn(&K) -> bool,
+{
+    let mut seen: BTreeMap<String, f64> = BTreeMap::new();
+    let stream = watcher(api, watcher::Config::default()).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    let deadline = tokio::time::Instant::now() + timeout;
+    while seen.len() < count {
+        let next = tokio::time::timeout_at(deadline, stream.next()).await.context("convergence timed out")?;
+        match next {
+            Some(Ok(object)) if done(&object) => {
+                seen.entry(object.name_any()).or_insert_with(|| start.elapsed().as_secs_f64());
+            }
+            Some(_) => {}
+            None => bail!("watch ended"),
+        }
+    }
+    let mut times: Vec<f64> = seen.into_values().collect();
+    times.sort_by(f64::total_cmp);
+    Ok(times)
+}
+
+fn deployment_available(d: &Deployment) -> bool {
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    d.status
+        .as_ref()
+        .is_some_and(|s| s.available_replicas == Some(want) && s.observed_generation >= d.metadata.generation)
+}
+
+/// Lower bound: the same Deployments and Services created directly.
+async fn direct(client: &Client, n: usize) -> anyhow::Result<(f64, Vec<f64>)> {
+    ensure_namespace(client, DIRECT_NS).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), DIRECT_NS);
+    let services: Api<Service> = Api::namespaced(client.clone(), DIRECT_NS);
+    let children = |i: usize| -> anyhow::Result<(Deployment, Service)> {
+        let mut app = webapp(i);
+        app.metadata.namespace = Some(DIRECT_NS.into());
+        app.metadata.uid = Some("00000000-0000-4000-8000-000000000000".into());
+        let mut deployment = keelson::webapp::deployment::build(&app)?;
+        let mut service = keelson::webapp::service::build(&app)?;
+        deployment.metadata.owner_references = None;
+        service.metadata.owner_references = None;
+        Ok((deployment, service))
+    };
+    let pairs: Vec<(Deployment, Service)> = (0..n).map(children).collect::<anyhow::Result<_>>()?;
+    let start = Instant::now();
+    let watch = tokio::spawn(converge(deployments.clone(), n, start, Duration::from_secs(1200), deployment_available));
+    stream::iter(pairs.into_iter().map(|(d, s)| {
+        let (deployments, services) = (deployments.clone(), services.clone());
+        async move {
+            deployments.create(&PostParams::default(), &d).await?;
+            services.create(&PostParams::default(), &s).await?;
+            anyhow::Ok(())
+        }
+    }))
+    .buffer_unordered(32)
+    .try_collect::<Vec<_>>()
+    .await?;
+    let times = watch.await??;
+    Ok((start.elapsed().as_secs_f64(), times))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cluster = testkit::Cluster::connect().await.context("no cluster: run through `make bench`")?;
+    let client = cluster.client.clone();
+    std::fs::create_dir_all(&args.out)?;
+    let version = client.apiserver_version().await?.git_version;
+    eprintln!(
+        "[bench] Kubernetes {version}; N={} webapps, {} drift trials, {} databases",
+        args.n, args.drift_trials, args.databases
+    );
+    install(&client).await?;
+    for ns in [APPS_NS, DIRECT_NS, DB_NS] {
+        delete_namespace(&client, ns).await?;
+    }
+
+    // 1. Lower bound, on an otherwise empty cluster.
+    eprintln!("[bench] direct: {} Deployments + Services without an operator", args.n);
+    let (direct_s, direct_curve) = direct(&client, args.n).await?;
+    eprintln!("[bench] direct: all available after {direct_s:.1}s");
+    delete_namespace(&client, DIRECT_NS).await?;
+
+    // 2. The operator, as a subprocess acting as its ServiceAccount.
+    ensure_namespace(&client, APPS_NS).await?;
+    ensure_namespace(&client, DB_NS).await?;
+    let kubeconfig = testkit::process::service_account_kubeconfig(SA_NAMESPACE, SA, &args.out)?;
+    let mut operator = measure::Operator::start(&args.operator_cmd, &kubeconfig, &args.out.join("operator.log"))?;
+    operator.wait_ready(Duration::from_secs(60)).await?;
+    let sampler = ProcessSampler::start(operator.pid());
+
+    let apps: Api<WebApp> = Api::namespaced(client.clone(), APPS_NS);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), APPS_NS);
+    let services: Api<Service> = Api::namespaced(client.clone(), APPS_NS);
+    let cpu_before = sampler.cpu_seconds();
+    let start = Instant::now();
+    let running = tokio::spawn(converge(apps.clone(), args.n, start, Duration::from_secs(1200), |a: &WebApp| {
+        a.status
+            .as_ref()
+            .is_some_and(|s| s.phase == Some(WebAppPhase::Running) && s.available_replicas == a.spec.replicas)
+    }));
+    let deployed =
+        tokio::spawn(converge(deployments.clone(), args.n, start, Duration::from_secs(1200), |_: &Deployment| true));
+    let serviced =
+        tokio::spawn(converge(services.clone(), args.n, start, Duration::from_secs(1200), |_: &Service| true));
+    create_all(&apps, args.n, webapp).await?;
+    let running_curve = running.await??;
+    let convergence_s = start.elapsed().as_secs_f64();
+    let children_s =
+        deployed.await??.last().copied().unwrap_or(0.0).max(serviced.await??.last().copied().unwrap_or(0.0));
+    let cpu_s = sampler.cpu_seconds() - cpu_before;
+    let rss_peak_mb = sampler.peak_rss_mb();
+    eprintln!(
+        "[bench] operator: {} WebApps Running after {convergence_s:.1}s (children after {children_s:.1}s); ratio {:.2}",
+        args.n,
+        convergence_s / direct_s
+    );
+
+    // 3. Rest: writes counted by the API server's audit log.
+    operator.wait_idle(Duration::from_secs(120)).await?;
+    let window_start = chrono::Utc::now();
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    let window_end = chrono::Utc::now();
+    let idle_writes = measure::audited_writes(
+        &args.audit_log,
+        &format!("system:serviceaccount:{SA_NAMESPACE}:{SA}"),
+        window_start,
+        window_end,
+    )?;
+    let rss_rest_mb = sampler.current_rss_mb();
+    eprintln!("[bench] rest: {idle_writes} writes in {}s; RSS {rss_rest_mb:.1} MB", args.idle_seconds);
+
+    // 4. Drift: scale a random owned Deployment to 10, time the revert through a watch.
+    let revert_times: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+    let watch_times = revert_times.clone();
+    let watch_api = deployments.clone();
+    let drift_watch = tokio::spawn(async move {
+        let stream = watcher(watch_api, watcher::Config::default()).applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(Ok(d)) = stream.next().await {
+            if d.spec.as_ref().and_then(|s| s.replicas) == Some(1) {
+                watch_times.lock().await.insert(d.name_any(), Instant::now());
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut drift_ms = Vec::new();
+    for _ in 0..args.drift_trials {
+        let name = format!("app-{:04}", rand::rng().random_range(0..args.n));
+        let sent = Instant::now();
+        deployments.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 10}}))).await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(at) = revert_times.lock().await.get(&name).copied().filter(|at| *at > sent) {
+                drift_ms.push(at.duration_since(sent).as_secs_f64() * 1000.0);
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("drift on {name} was not reverted within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    drift_watch.abort();
+    let drift = Summary::of(&drift_ms);
+    eprintln!(
+        "[bench] drift: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        drift.p50, drift.p90, drift.p99, drift.max
+    );
+
+    // 5. MyDatabase.
+    let dbs: Api<MyDatabase> = Api::namespaced(client.clone(), DB_NS);
+    let db_start = Instant::now();
+    let db_running =
+        tokio::spawn(converge(dbs.clone(), args.databases, db_start, Duration::from_secs(1200), |db: &MyDatabase| {
+            db.status.as_ref().is_some_and(|s| s.phase == Some(DatabasePhase::Running))
+        }));
+    create_all(&dbs, args.databases, database).await?;
+    db_running.await??;
+    let db_convergence_s = db_start.elapsed().as_secs_f64();
+    let db_rss_mb = sampler.current_rss_mb();
+    eprintln!("[bench] {} MyDatabases Running after {db_convergence_s:.1}s; RSS {db_rss_mb:.1} MB", args.databases);
+
+    let operator_exit = operator.stop().await;
+    let results = json!({
+        "machine": measure::machine(),
+        "kubernetes": version,
+        "operator_cmd": args.operator_cmd,
+        "webapp": {
+            "n": args.n,
+            "convergence_s": round(convergence_s),
+            "children_s": round(children_s),
+            "direct_s": round(direct_s),
+            "ratio": round(convergence_s / direct_s),
+            "drift_trials": args.drift_trials,
+            "drift_ms": {"p50": round(drift.p50), "p90": round(drift.p90), "p99": round(drift.p99), "max": round(drift.max)},
+            "idle_seconds": args.idle_seconds,
+            "idle_writes": idle_writes,
+            "rss_peak_mb": round(rss_peak_mb),
+            "rss_rest_mb": round(rss_rest_mb),
+            "cpu_s": round(cpu_s),
+        },
+        "mydatabase": {"n": args.databases, "convergence_s": round(db_convergence_s), "rss_mb": round(db_rss_mb)},
+        "operator_exit": operator_exit.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
+    });
+    std::fs::write(args.out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
+    let curves = report::Curves { operator: running_curve, direct: direct_curve, drift_ms };
+    report::write_pictures(&args.out, &curves)?;
+    if args.write_docs {
+        std::fs::create_dir_all("docs/bench")?;
+        report::write_pictures(std::path::Path::new("docs/bench"), &curves)?;
+        std::fs::write("docs/benchmarks.md", report::markdown(&results))?;
+    }
+    println!("{}", serde_json::to_string_pretty(&results)?);
+    for ns in [APPS_NS, DB_NS] {
+        let _ = Api::<Namespace>::all(client.clone()).delete(ns, &DeleteParams::background()).await;
+    }
+    Ok(())
+}
+
+fn database(i: usize) -> MyDatabase {
+    MyDatabase::new(
+        &format!("db-{i:03}"),
+        MyDatabaseSpec {
+            replicas: 1,
+            version: "15.2".into(),
+            storage: "1Gi".into(),
+            image_repository: "postgres".into(),
+            backup: Some(BackupSpec { schedule: "0 2 * * *".into(), retention: "7d".into(), storage: "1Gi".into() }),
+            deletion_policy: DeletionPolicy::Delete,
+        },
+    )
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}

@@ -1,0 +1,290 @@
+//! Measuring instruments: the operator process, its RSS and CPU from /proc,
+//! latency summaries, and write requests counted in the API server's audit log.
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+use testkit::postgres::free_port;
+use testkit::process::http_get;
+
+/// The operator under test, started from a command template.
+pub struct Operator {
+    child: Child,
+    metrics_port: Option<u16>,
+    health_port: Option<u16>,
+}
+
+impl Operator {
+    pub fn start(template: &str, kubeconfig: &Path, log: &Path) -> anyhow::Result<Self> {
+        let metrics_port = free_port()?;
+        let health_port = free_port()?;
+        let command =
+            template.replace("{metrics}", &metrics_port.to_string()).replace("{health}", &health_port.to_string());
+        let mut words = command.split_whitespace();
+        let program = words.next().context("empty --operator-cmd")?;
+        let file = std::fs::File::create(log)?;
+        let child = Command::new(program)
+            .args(words)
+            .env("KUBECONFIG", kubeconfig)
+            .env("POD_NAME", "keelson-bench")
+            .stdout(Stdio::from(file.try_clone()?))
+            .stderr(Stdio::from(file))
+            .spawn()
+            .with_context(|| format!("cannot start {program}"))?;
+        Ok(Self {
+            child,
+            metrics_port: template.contains("{metrics}").then_some(metrics_port),
+            health_port: template.contains("{health}").then_some(health_port),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let Some(port) = self.health_port else {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            return Ok(());
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if http_get(port, "/readyz").await.is_ok_and(|(code, _)| code == 200) {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("the operator exited: {status}");
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("the operator was not ready within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = http_get(self.metrics_port?, "/metrics").await.ok()?;
+        Some(
+            body.lines()
+                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum(),
+        )
+    }
+
+    /// Waits until no reconcile has started for 5 s (or 10 s without metrics).
+    pub async fn wait_idle(&self, timeout: Duration) -> anyhow::Result<()> {
+        if self.metrics_port.is_none() {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            return Ok(());
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = self.metric("keelson_reconcile_total").await;
+        let mut quiet_since = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = self.metric("keelson_reconcile_total").await;
+            if now != last {
+                last = now;
+                quiet_since = tokio::time::Instant::now();
+            } else if quiet_since.elapsed() >= Duration::from_secs(5) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("the operator kept reconciling for {timeout:?}");
+            }
+        }
+    }
+
+    /// SIGTERM, then the exit status.
+    pub async fn stop(mut self) -> anyhow::Result<ExitStatus> {
+        Command::new("kill").arg("-TERM").arg(self.pid().to_string()).status()?;
+        for _ in 0..300 {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.child.kill()?;
+        Ok(self.child.wait()?)
+    }
+}
+
+/// Samples a process's RSS every 50 ms on its own thread; CPU time on demand.
+pub struct ProcessSampler {
+    pid: u32,
+    peak_kb: Arc<AtomicU64>,
+    running: Arc<AtomicBool>,
+}
+
+fn rss_kb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+impl ProcessSampler {
+    pub fn start(pid: u32) -> Self {
+        let peak_kb = Arc::new(AtomicU64::new(0));
+        let running = Arc::new(AtomicBool::new(true));
+        let (peak, alive) = (peak_kb.clone(), running.clone());
+        std::thread::spawn(move || {
+            while alive.load(Ordering::Relaxed) {
+                if let Some(kb) = rss_kb(pid) {
+                    peak.fetch_max(kb, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Self { pid, peak_kb, running }
+    }
+
+    pub fn peak_rss_mb(&self) -> f64 {
+        self.peak_kb.load(Ordering::Relaxed) as f64 / 1024.0
+    }
+
+    pub fn current_rss_mb(&self) -> f64 {
+        rss_kb(self.pid).unwrap_or(0) as f64 / 1024.0
+    }
+
+    /// User + system CPU seconds so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else { return 0.0 };
+        // Fields after the parenthesised command name; utime and stime are 14 and 15.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+        (ticks(11) + ticks(12)) / clock_ticks()
+    }
+}
+
+impl Drop for ProcessSampler {
+    fn drop(&mut self) {
+        self.running.store(false, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Summary {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Summary {
+    /// Nearest-rank percentiles.
+    pub fn of(samples: &[f64]) -> Self {
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let rank = |p: f64| -> f64 {
+            if sorted.is_empty() {
+                return 0.0;
+            }
+            let index = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+            sorted[index.clamp(1, sorted.len()) - 1]
+        };
+        Self { p50: rank(50.0), p90: rank(90.0), p99: rank(99.0), max: sorted.last().copied().unwrap_or(0.0) }
+    }
+}
+
+/// Write requests (create, update, patch, delete) the API server completed
+/// for `user` (directly or impersonated) between `from` and `to`.
+pub fn audited_writes(
+    log: &Path,
+    user: &str,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<u64> {
+    let file = std::fs::File::open(log).with_context(|| format!("cannot open audit log {}", log.display()))?;
+    let mut count = 0;
+    for line in std::io::BufReader::new(file).lines() {
+        let Ok(entry) = serde_json::from_str::<Value>(&line?) else { continue };
+        if entry["stage"] != "ResponseComplete" {
+            continue;
+        }
+        let who = entry["impersonatedUser"]["username"].as_str().or(entry["user"]["username"].as_str());
+        if who != Some(user)
+            || !matches!(entry["verb"].as_str(), Some("create" | "update" | "patch" | "delete" | "deletecollection"))
+        {
+            continue;
+        }
+        let at = entry["stageTimestamp"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+        if at.is_some_and(|at| at >= from && at <= to) {
+            count += 1;
+        }
+    }
+    Ok(count)
+}
+
+pub fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let memory_kb: u64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next()?.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    json!({"cpu": cpu, "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), "memory_gib": (memory_kb as f64 / 1048576.0).round()})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let samples: Vec<f64> = (1..=100).map(f64::from).collect();
+        let s = Summary::of(&samples);
+        assert_eq!((s.p50, s.p90, s.p99, s.max), (50.0, 90.0, 99.0, 100.0));
+        assert_eq!(Summary::of(&[7.0]).p99, 7.0);
+    }
+
+    #[test]
+    fn audit_counting_filters_user_verb_stage_and_window() -> anyhow::Result<()> {
+        let dir = std::env::temp_dir().join(format!("keelson-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let log = dir.join("audit.log");
+        let line = |user: &str, imp: Option<&str>, verb: &str, stage: &str, ts: &str| {
+            let mut e = json!({"stage": stage, "verb": verb, "user": {"username": user}, "stageTimestamp": ts});
+            if let Some(imp) = imp {
+                e["impersonatedUser"] = json!({"username": imp});
+            }
+            e.to_string()
+        };
+        let sa = "system:serviceaccount:b:keelson";
+        let lines = [
+            line("admin", Some(sa), "patch", "ResponseComplete", "2026-01-01T00:00:30Z"),
+            line(sa, None, "create", "ResponseComplete", "2026-01-01T00:00:31Z"),
+            line("admin", Some(sa), "get", "ResponseComplete", "2026-01-01T00:00:32Z"),
+            line("admin", None, "patch", "ResponseComplete", "2026-01-01T00:00:33Z"),
+            line("admin", Some(sa), "patch", "ResponseStarted", "2026-01-01T00:00:34Z"),
+            line("admin", Some(sa), "patch", "ResponseComplete", "2026-01-01T00:02:00Z"),
+        ];
+        std::fs::write(&log, lines.join("\n"))?;
+        let from = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")?.with_timezone(&chrono::Utc);
+        let to = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:01:00Z")?.with_timezone(&chrono::Utc);
+        assert_eq!(audited_writes(&log, sa, from, to)?, 2);
+        std::fs::remove_dir_all(dir)?;
+        Ok(())
+    }
+}
