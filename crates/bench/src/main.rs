@@ -271,6 +271,8 @@ async fn main() -> anyhow::Result<()> {
     let serviced =
         tokio::spawn(converge(services.clone(), args.n, start, Duration::from_secs(1200), |_: &Service| true));
     create_all(&apps, args.n, webapp).await?;
+    let created_s = start.elapsed().as_secs_f64();
+    eprintln!("[bench] operator: {} WebApps created in {created_s:.1}s", args.n);
     let running_curve = running.await??;
     let convergence_s = start.elapsed().as_secs_f64();
     let children_s =
@@ -298,16 +300,16 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("[bench] rest: {idle_writes} writes in {}s; RSS {rss_rest_mb:.1} MB", args.idle_seconds);
 
     // 4. Drift: scale a random owned Deployment to 10, time the revert through a watch.
-    let revert_times: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
-    let watch_times = revert_times.clone();
+    // Every spec.replicas the watch delivers, per Deployment, with when it arrived.
+    let seen: Arc<Mutex<ReplicaHistory>> = Arc::default();
+    let watch_seen = seen.clone();
     let watch_api = deployments.clone();
     let drift_watch = tokio::spawn(async move {
         let stream = watcher(watch_api, watcher::Config::default()).applied_objects();
         let mut stream = std::pin::pin!(stream);
         while let Some(Ok(d)) = stream.next().await {
-            if d.spec.as_ref().and_then(|s| s.replicas) == Some(1) {
-                watch_times.lock().await.insert(d.name_any(), Instant::now());
-            }
+            let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(-1);
+            watch_seen.lock().await.entry(d.name_any()).or_default().push((replicas, Instant::now()));
         }
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -318,8 +320,19 @@ async fn main() -> anyhow::Result<()> {
         deployments.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 10}}))).await?;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(at) = revert_times.lock().await.get(&name).copied().filter(|at| *at > sent) {
-                drift_ms.push(at.duration_since(sent).as_secs_f64() * 1000.0);
+            // The revert is the first replicas=1 after the watch delivered our replicas=10.
+            let reverted = seen.lock().await.get(&name).and_then(|events| {
+                let after: Vec<&(i32, Instant)> = events.iter().filter(|(_, at)| *at > sent).collect();
+                let scaled = after.iter().position(|(r, _)| *r == 10)?;
+                after[scaled..].iter().find(|(r, _)| *r == 1).map(|(_, at)| *at)
+            });
+            if let Some(at) = reverted {
+                let ms = at.duration_since(sent).as_secs_f64() * 1000.0;
+                drift_ms.push(ms);
+                if std::env::var("KEELSON_BENCH_TRACE").is_ok() {
+                    eprintln!("[bench] {name} reverted after {ms:.1} ms");
+                }
+                settle(&deployments, &name).await?;
                 break;
             }
             if Instant::now() > deadline {
@@ -357,6 +370,7 @@ async fn main() -> anyhow::Result<()> {
             "n": args.n,
             "convergence_s": round(convergence_s),
             "children_s": round(children_s),
+            "create_s": round(created_s),
             "direct_s": round(direct_s),
             "ratio": round(convergence_s / direct_s),
             "drift_trials": args.drift_trials,
@@ -385,6 +399,26 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits until a Deployment has scaled back down, so the next drift trial
+/// measures the operator rather than the previous trial's pod churn.
+async fn settle(deployments: &Api<Deployment>, name: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let d = deployments.get(name).await?;
+        let status = d.status.clone().unwrap_or_default();
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(deployments.clone().into_client(), APPS_NS);
+        let left =
+            pods.list_metadata(&kube::api::ListParams::default().labels(&format!("app={name}"))).await?.items.len();
+        if status.replicas == Some(1) && deployment_available(&d) && left == 1 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{name} did not settle after a drift trial");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn database(i: usize) -> MyDatabase {
     MyDatabase::new(
         &format!("db-{i:03}"),
@@ -398,6 +432,9 @@ fn database(i: usize) -> MyDatabase {
         },
     )
 }
+
+/// spec.replicas values the drift watch saw, per Deployment, with arrival times.
+type ReplicaHistory = BTreeMap<String, Vec<(i32, Instant)>>;
 
 fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0

@@ -63,11 +63,11 @@ async fn apply_and_report<K>(
     failure: &mut Option<Error>,
 ) -> Option<K>
 where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned + 'static,
 {
     let name = desired.meta().name.clone().unwrap_or_default();
     let reconciled_before = db.status.as_ref().and_then(|s| s.observed_generation).is_some();
-    match apply_child(api, desired, &ctx.metrics).await {
+    match apply_child(api, desired, None, &ctx.metrics).await {
         Ok((applied, change)) => {
             report_child_change::<K>(ctx, &db.object_ref(&()), &name, &change, reconciled_before).await;
             Some(applied)

@@ -5,6 +5,7 @@ use std::fmt::Debug;
 
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -62,17 +63,28 @@ pub fn classify<K: Resource + Serialize>(desired: &K, actual: Option<&K>) -> Res
     })
 }
 
-/// Reads the child, and applies `desired` only if it is missing or differs.
-pub async fn apply_child<K>(api: &Api<K>, mut desired: K, metrics: &Metrics) -> Result<(K, ChildChange)>
+/// Reads the child (from `cache` when the controller keeps one, else from the
+/// API server), and applies `desired` only if it is missing or differs.
+pub async fn apply_child<K>(
+    api: &Api<K>,
+    mut desired: K,
+    cache: Option<&Store<K>>,
+    metrics: &Metrics,
+) -> Result<(K, ChildChange)>
 where
-    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
+    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + 'static,
 {
     let kind = K::kind(&());
     let name = desired.meta().name.clone().unwrap_or_default();
     stamp_desired_hash(&mut desired)?;
-    let actual = api.get_opt(&name).await;
-    metrics.api_request("get", &actual);
-    let actual = actual.map_err(Error::kube(format!("get {kind} {name}")))?;
+    let actual = match (cache, desired.meta().namespace.as_deref()) {
+        (Some(cache), Some(namespace)) => cache.get(&ObjectRef::new(&name).within(namespace)).map(|k| K::clone(&k)),
+        _ => {
+            let actual = api.get_opt(&name).await;
+            metrics.api_request("get", &actual);
+            actual.map_err(Error::kube(format!("get {kind} {name}")))?
+        }
+    };
     let change = classify(&desired, actual.as_ref())?;
     if let (ChildChange::Unchanged, Some(actual)) = (&change, actual) {
         return Ok((actual, ChildChange::Unchanged));

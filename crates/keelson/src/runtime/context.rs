@@ -31,14 +31,24 @@ impl Context {
         })
     }
 
-    /// Publishes an Event on `regarding`; a failure to publish is logged, never fatal.
+    /// Publishes an Event on `regarding` in the background, off the reconcile's
+    /// critical path; a failure to publish is logged, never fatal.
     pub async fn event(&self, regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
         let event = Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
-        let result = self.recorder.publish(&event, regarding).await;
-        self.metrics.api_request("create", &result);
-        if let Err(error) = result {
-            tracing::warn!(%error, reason, "could not publish event");
-        }
+        let (recorder, metrics, regarding) = (self.recorder.clone(), self.metrics.clone(), regarding.clone());
+        tokio::spawn(async move {
+            let result = recorder.publish(&event, &regarding).await;
+            metrics.api_request("create", &result);
+            if let Err(error) = result {
+                tracing::warn!(%error, reason = %event.reason, "could not publish event");
+            }
+        });
+    }
+}
+
+impl AsRef<Context> for Context {
+    fn as_ref(&self) -> &Context {
+        self
     }
 }
 

@@ -40,30 +40,36 @@ where
 }
 
 /// Runs one reconcile with metrics, and forgets the object's backoff on success.
-pub async fn instrumented<K, F, Fut>(
+pub async fn instrumented<K, C, F, Fut>(
     controller: &'static str,
     object: Arc<K>,
-    ctx: Arc<Context>,
+    ctx: Arc<C>,
     reconcile: F,
 ) -> Result<Action>
 where
     K: Resource<DynamicType = ()>,
-    F: FnOnce(Arc<K>, Arc<Context>) -> Fut,
+    C: AsRef<Context>,
+    F: FnOnce(Arc<K>, Arc<C>) -> Fut,
     Fut: Future<Output = Result<Action>>,
 {
+    let shared: &Context = C::as_ref(&ctx);
     let labels = ControllerLabels { controller };
-    ctx.metrics.reconciles.get_or_create(&labels).inc();
-    let in_flight = ctx.metrics.reconciles_in_flight.get_or_create(&labels).clone();
+    shared.metrics.reconciles.get_or_create(&labels).inc();
+    let in_flight = shared.metrics.reconciles_in_flight.get_or_create(&labels).clone();
     in_flight.inc();
     let started = Instant::now();
     let key = object_key(object.as_ref());
     let result = reconcile(object, ctx.clone()).await;
-    ctx.metrics.reconcile_duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+    shared.metrics.reconcile_duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     in_flight.dec();
     match &result {
-        Ok(_) => ctx.backoff.reset(&key),
+        Ok(_) => shared.backoff.reset(&key),
         Err(error) => {
-            ctx.metrics.reconcile_errors.get_or_create(&ErrorLabels { controller, error: error.metric_label() }).inc();
+            shared
+                .metrics
+                .reconcile_errors
+                .get_or_create(&ErrorLabels { controller, error: error.metric_label() })
+                .inc();
         }
     }
     result
@@ -71,13 +77,18 @@ where
 
 /// Decides when a failed reconcile runs again: per-object exponential backoff,
 /// quietly for conflicts, which only mean our cached copy was stale.
-pub fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy<K: Resource<DynamicType = ()>, C: AsRef<Context>>(
+    object: Arc<K>,
+    error: &Error,
+    ctx: Arc<C>,
+) -> Action {
+    let shared: &Context = C::as_ref(&ctx);
     let key = object_key(object.as_ref());
     if let Some(delay) = error.fixed_retry() {
         tracing::debug!(object = %key, %error, "waiting");
         return Action::requeue(delay);
     }
-    let delay = ctx.backoff.next_delay(&key);
+    let delay = shared.backoff.next_delay(&key);
     if error.is_conflict() {
         tracing::debug!(object = %key, %error, ?delay, "conflict, retrying");
     } else {

@@ -9,16 +9,18 @@ pub mod status;
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::api::WebApp;
 use crate::manifests::rbac::Permission;
-use crate::runtime::controller::{error_policy, instrumented};
+use crate::runtime::controller::{error_policy, instrumented, notify_when_synced};
 use crate::runtime::{Context, MANAGED_BY_SELECTOR};
 
 /// What the WebApp controller does with the API, and nothing more.
@@ -28,6 +30,37 @@ pub const RBAC: &[Permission] = &[
     Permission { group: "apps", resources: &["deployments"], verbs: &["get", "list", "watch", "create", "patch"] },
     Permission { group: "", resources: &["services"], verbs: &["get", "list", "watch", "create", "patch"] },
 ];
+
+/// The WebApp controller's context: the shared one, plus caches of the
+/// children filled by the owned watches, so a reconcile reads them without
+/// a request to the API server.
+pub struct WebAppContext {
+    pub shared: Arc<Context>,
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+}
+
+impl std::ops::Deref for WebAppContext {
+    type Target = Context;
+    fn deref(&self) -> &Context {
+        &self.shared
+    }
+}
+
+impl AsRef<Context> for WebAppContext {
+    fn as_ref(&self) -> &Context {
+        &self.shared
+    }
+}
+
+/// A store once it holds its first full list (else the API server is asked).
+pub fn synced<K>(store: &Store<K>) -> Option<&Store<K>>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()).then_some(store)
+}
 
 /// Runs the WebApp controller until `shutdown` resolves; calls `on_synced`
 /// once the WebApp cache is filled.
@@ -46,12 +79,27 @@ pub async fn run(
         None => (Api::all(client.clone()), Api::all(client.clone()), Api::all(client)),
     };
     let owned = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
+    // One watch per child kind feeds both the cache and the controller's
+    // triggers (deletions included); managedFields are dropped to save memory.
+    let (deployment_cache, deployment_writer) = reflector::store::<Deployment>();
+    let (service_cache, service_writer) = reflector::store::<Service>();
+    let deployment_events = watcher(deployments, owned.clone())
+        .default_backoff()
+        .modify(|d| d.managed_fields_mut().clear())
+        .reflect(deployment_writer)
+        .touched_objects();
+    let service_events = watcher(services, owned)
+        .default_backoff()
+        .modify(|s| s.managed_fields_mut().clear())
+        .reflect(service_writer)
+        .touched_objects();
+    let ctx = Arc::new(WebAppContext { shared: ctx, deployments: deployment_cache, services: service_cache });
     let controller = Controller::new(apps, watcher::Config::default())
-        .owns(deployments, owned.clone())
-        .owns(services, owned)
+        .owns_stream(deployment_events)
+        .owns_stream(service_events)
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown);
-    tokio::spawn(crate::runtime::controller::notify_when_synced(controller.store(), on_synced));
+    tokio::spawn(notify_when_synced(controller.store(), on_synced));
     controller
         .run(|app, ctx| instrumented(reconcile::CONTROLLER, app, ctx, reconcile::reconcile), error_policy, ctx)
         .for_each(|_| futures::future::ready(()))

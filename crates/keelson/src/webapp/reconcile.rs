@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::{deployment, service, status};
+use super::{WebAppContext, deployment, service, status};
 use crate::api::WebApp;
 use crate::runtime::controller::report_child_change;
 use crate::runtime::metrics::ControllerLabels;
@@ -24,7 +24,7 @@ pub const CONTROLLER: &str = "webapp";
 /// Without events, look again this often anyway (like controller-runtime's resync).
 const RESYNC: Duration = Duration::from_secs(3600);
 
-pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
+pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<WebAppContext>) -> Result<Action> {
     let namespace =
         app.namespace().ok_or_else(|| Error::MissingMetadata(format!("WebApp {} has no namespace", app.name_any())))?;
     if app.meta().deletion_timestamp.is_some() {
@@ -41,8 +41,14 @@ pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut failure: Option<Error> = None;
 
+    // The two children are independent: apply them side by side.
     let deployment_name = app.name_any();
-    let observed_deployment = match apply_child(&deployments, desired_deployment, &ctx.metrics).await {
+    let service_name = service::name(&app);
+    let (deployment_result, service_result) = tokio::join!(
+        apply_child(&deployments, desired_deployment, super::synced(&ctx.deployments), &ctx.metrics),
+        apply_child(&services, desired_service, super::synced(&ctx.services), &ctx.metrics),
+    );
+    let observed_deployment = match deployment_result {
         Ok((applied, change)) => {
             report_child_change::<Deployment>(&ctx, &owner, &deployment_name, &change, reconciled_before).await;
             Some(applied)
@@ -52,8 +58,7 @@ pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<Context>) -> Result<Action> {
             None
         }
     };
-    let service_name = service::name(&app);
-    match apply_child(&services, desired_service, &ctx.metrics).await {
+    match service_result {
         Ok((_, change)) => {
             report_child_change::<Service>(&ctx, &owner, &service_name, &change, reconciled_before).await
         }
