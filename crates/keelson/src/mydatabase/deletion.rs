@@ -35,7 +35,7 @@ pub async fn cleanup(db: Arc<MyDatabase>, ctx: Arc<Context>) -> Result<Action> {
         deleting.instances = previous.instances.clone();
         deleting.last_backup_time = previous.last_backup_time.clone();
     }
-    if let Err(error) = write_status_if_changed(&db, &namespace, deleting, &ctx).await {
+    if let Err(error) = write_status_if_changed(&db, deleting, &ctx).await {
         tracing::debug!(%error, "could not mark MyDatabase as Deleting");
     }
     let reference = db.object_ref(&());

@@ -21,7 +21,7 @@ use super::validation::{self, Invalid};
 use super::{backup, credentials, deletion, names, pdb, scripts, services, statefulset, status};
 use crate::api::mydatabase::{MyDatabase, MyDatabaseStatus};
 use crate::runtime::controller::report_child_change;
-use crate::runtime::metrics::{ChildWriteLabels, ControllerLabels};
+use crate::runtime::metrics::ChildWriteLabels;
 use crate::runtime::{Context, apply_child};
 use crate::{Error, Result};
 
@@ -153,7 +153,7 @@ async fn apply_spec(db: Arc<MyDatabase>, ctx: Arc<Context>) -> Result<Action> {
     };
     let new_status = status::compute(&db, &observed, &now());
     announce_backup_failure(&db, &new_status, &ctx).await;
-    write_status_if_changed(&db, &namespace, new_status, &ctx).await?;
+    write_status_if_changed(&db, new_status, &ctx).await?;
     match failure {
         Some(error) => Err(error),
         None => Ok(Action::requeue(RESYNC)),
@@ -183,7 +183,7 @@ async fn report_invalid(db: &MyDatabase, namespace: &str, invalid: &Invalid, ctx
         let note = invalid.message.clone();
         ctx.event(&db.object_ref(&()), EventType::Warning, "InvalidSpec", "Validate", note).await;
     }
-    write_status_if_changed(db, namespace, new_status, ctx).await?;
+    write_status_if_changed(db, new_status, ctx).await?;
     Ok(Action::await_change())
 }
 
@@ -287,23 +287,12 @@ async fn announce_backup_failure(db: &MyDatabase, new_status: &MyDatabaseStatus,
     }
 }
 
-pub async fn write_status_if_changed(
-    db: &MyDatabase,
-    namespace: &str,
-    new_status: MyDatabaseStatus,
-    ctx: &Context,
-) -> Result<()> {
-    if db.status.as_ref() == Some(&new_status) {
-        return Ok(());
-    }
-    let api: Api<MyDatabase> = Api::namespaced(ctx.client.clone(), namespace);
-    let patch = json!({ "status": new_status });
-    let result = api.patch_status(&db.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
-    ctx.metrics.api_request("patch_status", &result);
-    ctx.metrics.status_writes.get_or_create(&ControllerLabels { controller: CONTROLLER }).inc();
-    result.map_err(Error::kube(format!("write status of MyDatabase {namespace}/{}", db.name_any())))?;
-    if db.status.as_ref().and_then(|s| s.phase) != new_status.phase {
-        tracing::info!(namespace, name = %db.name_any(), phase = ?new_status.phase, ready = new_status.ready_replicas, "MyDatabase phase changed");
+pub async fn write_status_if_changed(db: &MyDatabase, new_status: MyDatabaseStatus, ctx: &Context) -> Result<()> {
+    if crate::runtime::status::write_if_changed(ctx, CONTROLLER, db, db.status.as_ref(), &new_status).await?
+        && db.status.as_ref().and_then(|s| s.phase) != new_status.phase
+    {
+        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        tracing::info!(namespace, name, phase = ?new_status.phase, ready = new_status.ready_replicas, "MyDatabase phase changed");
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ pub mod drift;
 pub mod health;
 pub mod leader;
 pub mod metrics;
+pub mod status;
 
 pub use apply::{ChildChange, apply_child};
 pub use context::{Context, FIELD_MANAGER};

@@ -7,15 +7,13 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use super::{WebAppContext, deployment, service, status};
 use crate::api::WebApp;
 use crate::runtime::controller::report_child_change;
-use crate::runtime::metrics::ControllerLabels;
 use crate::runtime::{Context, apply_child};
 use crate::{Error, Result};
 
@@ -72,7 +70,7 @@ pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<WebAppContext>) -> Result<Acti
     );
     let failure_message = failure.as_ref().map(ToString::to_string);
     let new_status = status::compute(&app, observed_deployment.as_ref(), failure_message.as_deref(), &now);
-    write_status_if_changed(&app, &namespace, new_status, &ctx).await?;
+    write_status_if_changed(&app, new_status, &ctx).await?;
 
     match failure {
         Some(error) => Err(error),
@@ -82,21 +80,14 @@ pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<WebAppContext>) -> Result<Acti
 
 async fn write_status_if_changed(
     app: &WebApp,
-    namespace: &str,
     new_status: crate::api::webapp::WebAppStatus,
     ctx: &Context,
 ) -> Result<()> {
-    if app.status.as_ref() == Some(&new_status) {
-        return Ok(());
-    }
-    let apps: Api<WebApp> = Api::namespaced(ctx.client.clone(), namespace);
-    let patch = json!({ "status": new_status });
-    let result = apps.patch_status(&app.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
-    ctx.metrics.api_request("patch_status", &result);
-    ctx.metrics.status_writes.get_or_create(&ControllerLabels { controller: CONTROLLER }).inc();
-    result.map_err(Error::kube(format!("write status of WebApp {namespace}/{}", app.name_any())))?;
-    if app.status.as_ref().and_then(|s| s.phase) != new_status.phase {
-        tracing::info!(namespace, name = %app.name_any(), phase = ?new_status.phase, available = new_status.available_replicas, "WebApp phase changed");
+    if crate::runtime::status::write_if_changed(ctx, CONTROLLER, app, app.status.as_ref(), &new_status).await?
+        && app.status.as_ref().and_then(|s| s.phase) != new_status.phase
+    {
+        let (namespace, name) = (app.namespace().unwrap_or_default(), app.name_any());
+        tracing::info!(namespace, name, phase = ?new_status.phase, available = new_status.available_replicas, "WebApp phase changed");
     }
     Ok(())
 }

@@ -1,0 +1,41 @@
+//! Writing status: only through the status subresource, and only when it changed.
+
+use std::fmt::Debug;
+
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::context::Context;
+use super::metrics::ControllerLabels;
+use crate::{Error, Result};
+
+/// Writes `new` when it differs from `current`; true when it wrote. A write
+/// changes the object, which triggers another reconcile, so an unchanged
+/// status must never be written (that would loop).
+pub async fn write_if_changed<K, S>(
+    ctx: &Context,
+    controller: &'static str,
+    object: &K,
+    current: Option<&S>,
+    new: &S,
+) -> Result<bool>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned,
+    S: Serialize + PartialEq,
+{
+    if current == Some(new) {
+        return Ok(false);
+    }
+    let namespace = object.namespace().unwrap_or_default();
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let patch = json!({ "status": new });
+    let result = api.patch_status(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+    ctx.metrics.api_request("patch_status", &result);
+    ctx.metrics.status_writes.get_or_create(&ControllerLabels { controller }).inc();
+    result.map_err(Error::kube(format!("write status of {} {namespace}/{}", K::kind(&()), object.name_any())))?;
+    Ok(true)
+}
