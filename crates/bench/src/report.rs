@@ -154,8 +154,9 @@ pub fn markdown(results: &Value) -> String {
          - **Cost**: RSS sampled from `/proc/<pid>/status` every 50 ms; CPU from `/proc/<pid>/stat`.\n\n\
          ## What bounds the rest\n\n\
          - Convergence is bounded by the Deployment and ReplicaSet controllers, the scheduler and\n\
-           kwok, which the direct run pays too; the operator adds one reconcile per WebApp (read,\n\
-           apply Deployment, apply Service, write status) and a second status write when the\n\
+           kwok, which the direct run pays too; the operator adds one reconcile per WebApp (children\n\
+           read from its watch caches, Deployment and Service applied in parallel, status written)\n\
+           and a second status write when the\n\
            Deployment becomes available.\n\
          - The drift latency floor is two watch deliveries (the operator's and the harness's) plus\n\
            one server-side apply on a 2-core machine shared with the whole control plane.\n",
