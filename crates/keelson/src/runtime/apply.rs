@@ -77,15 +77,30 @@ where
     let kind = K::kind(&());
     let name = desired.meta().name.clone().unwrap_or_default();
     stamp_desired_hash(&mut desired)?;
-    let actual = match (cache, desired.meta().namespace.as_deref()) {
-        (Some(cache), Some(namespace)) => cache.get(&ObjectRef::new(&name).within(namespace)).map(|k| K::clone(&k)),
+    let read = || async {
+        let actual = api.get_opt(&name).await;
+        metrics.api_request("get", &actual);
+        actual.map_err(Error::kube(format!("get {kind} {name}")))
+    };
+    let cached = match (cache, desired.meta().namespace.as_deref()) {
+        (Some(cache), Some(namespace)) => {
+            Some(cache.get(&ObjectRef::new(&name).within(namespace)).map(|k| K::clone(&k)))
+        }
+        _ => None,
+    };
+    let (actual, change) = match cached {
+        // The cache answers the common case, "nothing to do", without a request.
+        Some(Some(actual)) if classify(&desired, Some(&actual))? == ChildChange::Unchanged => {
+            return Ok((actual, ChildChange::Unchanged));
+        }
+        // Anything else is confirmed with the API server: the cache may lag
+        // behind our own last write, and a stale copy must not pass for drift.
         _ => {
-            let actual = api.get_opt(&name).await;
-            metrics.api_request("get", &actual);
-            actual.map_err(Error::kube(format!("get {kind} {name}")))?
+            let actual = read().await?;
+            let change = classify(&desired, actual.as_ref())?;
+            (actual, change)
         }
     };
-    let change = classify(&desired, actual.as_ref())?;
     if let (ChildChange::Unchanged, Some(actual)) = (&change, actual) {
         return Ok((actual, ChildChange::Unchanged));
     }
