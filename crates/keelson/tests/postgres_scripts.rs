@@ -9,12 +9,15 @@ use testkit::postgres::{self, Scratch, Server, as_postgres, chown_postgres};
 const APP_PASSWORD: &str = "app-secret-1";
 const REPLICATION_PASSWORD: &str = "repl-secret-2";
 
-fn script() -> PathBuf {
-    // Copied to a world-readable place: the postgres user cannot read /work or /root.
+fn script() -> anyhow::Result<PathBuf> {
+    // Copied to a world-readable place (the postgres user cannot read /work or
+    // /root), once per test: tests run in parallel.
+    static COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let copy = COPIES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/mydatabase/scripts/keelson-postgres.sh");
-    let target = std::env::temp_dir().join(format!("keelson-postgres-{}.sh", std::process::id()));
-    std::fs::copy(&source, &target).expect("copy script");
-    target
+    let target = std::env::temp_dir().join(format!("keelson-postgres-{}-{copy}.sh", std::process::id()));
+    std::fs::copy(&source, &target)?;
+    Ok(target)
 }
 
 fn base_env(data: &std::path::Path) -> Vec<(&'static str, String)> {
@@ -80,7 +83,7 @@ fn backup_restores_to_identical_data_and_a_failed_backup_exits_non_zero() -> any
         return Ok(());
     }
     let scratch = Scratch::new("backup")?;
-    let script = script();
+    let script = script()?;
     let server = primary(&scratch, &script)?;
     let seeded = seed(&server)?;
     assert!(seeded.starts_with("500:"), "{seeded}");
@@ -135,7 +138,7 @@ fn prune_removes_exactly_the_expired_backups_and_never_the_newest() -> anyhow::R
     }
     std::fs::write(dir.join("notes.txt"), b"not a backup")?;
     chown_postgres(&dir)?;
-    let script = script();
+    let script = script()?;
     let env = [("BACKUP_DIR", dir.to_string_lossy().into_owned()), ("RETENTION", "7d".to_string())];
     check(run(&script, &["prune"], &env)?, "prune")?;
     let mut kept = dumps(&dir);
@@ -169,7 +172,7 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
         return Ok(());
     }
     let scratch = Scratch::new("replication")?;
-    let script = script();
+    let script = script()?;
     let primary = primary(&scratch, &script)?;
     let seeded = seed(&primary)?;
 
