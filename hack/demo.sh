@@ -75,6 +75,14 @@ if [[ -f config/samples/mydatabase.yaml ]]; then
   kubectl wait --for=jsonpath='{.status.phase}'=Running mydatabase/production-db --timeout=180s >/dev/null || true
   run kubectl get mydatabases
   run kubectl get statefulsets,services,cronjobs,secrets,pvc -l app.kubernetes.io/instance=production-db
+  run kubectl get pods -l keelson.dev/cluster=production-db -L keelson.dev/role
+  say "A backup now, from the CronJob's own template (as 02:00 would run it)"
+  kubectl delete job production-db-backup-now --ignore-not-found >/dev/null
+  run kubectl create job --from=cronjob/production-db-backup production-db-backup-now
+  kubectl wait --for=jsonpath='{.status.lastBackupTime}' mydatabase/production-db --timeout=120s >/dev/null 2>&1 \
+    || until [[ -n "$(kubectl get mydatabase production-db -o jsonpath='{.status.lastBackupTime}')" ]]; do sleep 0.5; done
+  run kubectl get mydatabases
+  run kubectl get mydatabase production-db -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}){"\n"}{end}'
 fi
 
 say "Done. The cluster and the operator are still running:"
