@@ -16,6 +16,11 @@ hack/postgres.sh ensure-installed
 started_cluster=0
 if hack/cluster.sh status >/dev/null 2>&1; then
   log "reusing the running dev cluster"
+  # A demo operator watching every namespace would race the tests' own operators.
+  if [[ -f target/dev-cluster/keelson.pid ]]; then
+    log "stopping the demo operator (pid $(cat target/dev-cluster/keelson.pid)); make demo starts it again"
+    hack/demo.sh stop-operator
+  fi
 else
   hack/cluster.sh up
   started_cluster=1

@@ -16,7 +16,6 @@ pub mod validation;
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
@@ -29,7 +28,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use crate::api::MyDatabase;
 use crate::manifests::rbac::Permission;
-use crate::runtime::controller::{error_policy, instrumented, notify_when_synced};
+use crate::runtime::controller::drive;
 use crate::runtime::{Context, MANAGED_BY_SELECTOR};
 
 /// What the MyDatabase controller does with the API, and nothing more.
@@ -107,11 +106,7 @@ pub async fn run(
         })
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown);
-    tokio::spawn(notify_when_synced(controller.store(), on_synced));
-    controller
-        .run(|db, ctx| instrumented(reconcile::CONTROLLER, db, ctx, reconcile::reconcile), error_policy, ctx)
-        .for_each(|_| futures::future::ready(()))
-        .await;
+    drive(controller, reconcile::CONTROLLER, reconcile::reconcile, ctx, on_synced).await;
 }
 
 #[cfg(test)]

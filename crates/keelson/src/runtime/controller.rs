@@ -5,11 +5,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
 use super::apply::ChildChange;
 use super::context::Context;
@@ -37,6 +40,27 @@ where
             Err(_) => continue,
         }
     }
+}
+
+/// Runs a built controller to its end: readiness once its cache has synced,
+/// metrics around each reconcile, per-object backoff on errors.
+pub async fn drive<K, C, F, Fut>(
+    controller: Controller<K>,
+    name: &'static str,
+    reconcile: F,
+    ctx: Arc<C>,
+    on_synced: impl FnOnce() + Send + 'static,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    C: AsRef<Context> + Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<C>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action>> + Send + 'static,
+{
+    tokio::spawn(notify_when_synced(controller.store(), on_synced));
+    controller
+        .run(move |object, ctx| instrumented(name, object, ctx, reconcile), error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
 }
 
 /// Runs one reconcile with metrics, and forgets the object's backoff on success.

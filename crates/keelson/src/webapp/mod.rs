@@ -9,7 +9,7 @@ pub mod status;
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
@@ -20,7 +20,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::api::WebApp;
 use crate::manifests::rbac::Permission;
-use crate::runtime::controller::{error_policy, instrumented, notify_when_synced};
+use crate::runtime::controller::drive;
 use crate::runtime::{Context, MANAGED_BY_SELECTOR};
 
 /// What the WebApp controller does with the API, and nothing more.
@@ -99,11 +99,7 @@ pub async fn run(
         .owns_stream(service_events)
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown);
-    tokio::spawn(notify_when_synced(controller.store(), on_synced));
-    controller
-        .run(|app, ctx| instrumented(reconcile::CONTROLLER, app, ctx, reconcile::reconcile), error_policy, ctx)
-        .for_each(|_| futures::future::ready(()))
-        .await;
+    drive(controller, reconcile::CONTROLLER, reconcile::reconcile, ctx, on_synced).await;
 }
 
 #[cfg(test)]
