@@ -60,7 +60,12 @@ run kubectl scale deployment sandy-app --replicas=10
 until grep -q "Drift detected! Updating Deployment" "$DIR/keelson.log"; do sleep 0.1; done
 say "Operator log"
 grep "Drift detected! Updating Deployment" "$DIR/keelson.log" | tail -1
-until [[ "$(kubectl get webapp sandy-app -o jsonpath='{.status.phase}/{.status.replicas}')" == "Running/3" ]]; do sleep 0.2; done
+# Settled: Running with 3 pods and no extra pod left, twice in a row.
+settled() {
+  [[ "$(kubectl get webapp sandy-app -o jsonpath='{.status.phase}/{.status.replicas}')" == "Running/3" ]] &&
+    [[ "$(kubectl get pods -l app=sandy-app --no-headers 2>/dev/null | wc -l)" -eq 3 ]]
+}
+until settled && sleep 1 && settled; do sleep 0.5; done
 kill "$watch_pid" 2>/dev/null || true
 say "The WebApp as it went (kubectl get webapp sandy-app --watch)"
 cat "$DIR/demo-watch.txt"
