@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Client;
 use tokio::sync::watch;
 
 use crate::runtime::health::{self, Readiness};
@@ -141,8 +140,8 @@ pub async fn run_controllers(
 
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
     init_tracing(&args)?;
-    let client = Client::try_default().await.map_err(RunError::Client)?;
     let metrics = Arc::new(Metrics::default());
+    let client = crate::runtime::client::build(metrics.clone()).await.map_err(RunError::Client)?;
     let readiness = Readiness::default();
     health::serve(args.health_addr, health::health_router(readiness.clone()))
         .await

@@ -62,6 +62,8 @@ async fn probes_metrics_and_clean_shutdown_on_sigterm() -> anyhow::Result<()> {
         "keelson_kubernetes_requests_total{verb=\"apply\",result=\"ok\"}",
         "keelson_child_writes_total{kind=\"Deployment\",action=\"create\"} 1",
         "keelson_leader 1",
+        "keelson_kubernetes_http_requests_total{verb=\"watch\",code=\"200\"}",
+        "keelson_kubernetes_http_requests_total{verb=\"patch\",code=\"200\"}",
     ] {
         assert!(metrics.contains(series), "/metrics lacks {series}:\n{metrics}");
     }

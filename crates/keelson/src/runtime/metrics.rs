@@ -31,6 +31,12 @@ pub struct ApiRequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub verb: &'static str,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ChildWriteLabels {
     pub kind: String,
     pub action: &'static str,
@@ -47,6 +53,7 @@ pub struct Metrics {
     pub child_writes: Family<ChildWriteLabels, Counter>,
     pub status_writes: Family<ControllerLabels, Counter>,
     pub api_requests: Family<ApiRequestLabels, Counter>,
+    pub http_requests: Family<HttpLabels, Counter>,
     pub leader: Gauge,
 }
 
@@ -66,6 +73,7 @@ impl Default for Metrics {
         let child_writes = Family::<ChildWriteLabels, Counter>::default();
         let status_writes = Family::<ControllerLabels, Counter>::default();
         let api_requests = Family::<ApiRequestLabels, Counter>::default();
+        let http_requests = Family::<HttpLabels, Counter>::default();
         let leader = Gauge::default();
         registry.register("reconcile", "Reconciles started, per controller", reconciles.clone());
         registry.register(
@@ -92,6 +100,11 @@ impl Default for Metrics {
             api_requests.clone(),
         );
         registry.register(
+            "kubernetes_http_requests",
+            "Every HTTP request to the API server (watches included), by verb and status code",
+            http_requests.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this instance holds the leader lease (or runs without leader election)",
             leader.clone(),
@@ -106,6 +119,7 @@ impl Default for Metrics {
             child_writes,
             status_writes,
             api_requests,
+            http_requests,
             leader,
         }
     }

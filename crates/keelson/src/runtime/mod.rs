@@ -2,6 +2,7 @@
 //! detection, metrics, health endpoints and leader election.
 
 pub mod apply;
+pub mod client;
 pub mod context;
 pub mod controller;
 pub mod drift;
