@@ -70,12 +70,7 @@ impl Operator {
 
     async fn metric(&self, name: &str) -> Option<f64> {
         let (_, body) = http_get(self.metrics_port?, "/metrics").await.ok()?;
-        Some(
-            body.lines()
-                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum(),
-        )
+        Some(testkit::process::metric_sum(&body, name))
     }
 
     /// Waits until no reconcile has started for 5 s (or 10 s without metrics).

@@ -328,7 +328,12 @@ async fn deletion_policy_snapshot_takes_a_final_backup_first() -> anyhow::Result
     let started = wait_for_event(&ns, "FinalBackupStarted").await?;
     let taken = wait_for_event(&ns, "SnapshotTaken").await?;
     let time = |e: &Event| e.event_time.clone().map(|t| t.0).or(e.first_timestamp.clone().map(|t| t.0));
-    assert!(time(&started) <= time(&taken), "data removed before the final backup");
+    let (started_at, taken_at) = (time(&started), time(&taken));
+    assert!(started_at.is_some() && taken_at.is_some(), "events without times");
+    assert!(started_at <= taken_at, "data removed before the final backup");
+    // The final backup really ran to completion.
+    let job = ns.api::<Job>().get("production-db-final-backup").await?;
+    assert_eq!(job.status.and_then(|s| s.succeeded), Some(1), "the final backup Job did not succeed");
     let pvcs = ns.api::<PersistentVolumeClaim>();
     for claim in ["data-production-db-0", "data-production-db-1", "data-production-db-2"] {
         eventually(DEFAULT_TIMEOUT, &format!("{claim} deleted"), || async {

@@ -120,10 +120,7 @@ impl OperatorProcess {
     /// Sum of a metric's series (0 when absent or the endpoint is down).
     pub async fn metric(&self, name: &str) -> f64 {
         let Ok(text) = self.metrics().await else { return 0.0 };
-        text.lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        metric_sum(&text, name)
     }
 }
 
@@ -134,6 +131,14 @@ impl Drop for OperatorProcess {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Sum of every series of metric `name` in Prometheus text (0 when absent).
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// A minimal HTTP/1.0 GET to 127.0.0.1:`port`.

@@ -13,7 +13,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::reconcile::{namespace_of, now, write_status_if_changed};
+use super::reconcile::{namespace_of, write_status_if_changed};
 use super::{backup, names, status};
 use crate::api::mydatabase::{DeletionPolicy, MyDatabase};
 use crate::runtime::Context;
@@ -21,20 +21,8 @@ use crate::{Error, Result};
 
 pub async fn cleanup(db: Arc<MyDatabase>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = namespace_of(&db)?;
-    let observed = status::Observed {
-        statefulset: None,
-        backups: status::Backups::default(),
-        backup_scheduled: false,
-        invalid: None,
-        failure: None,
-        deleting: true,
-    };
-    let mut deleting = status::compute(&db, &observed, &now());
-    if let Some(previous) = &db.status {
-        deleting.ready_replicas = previous.ready_replicas;
-        deleting.instances = previous.instances.clone();
-        deleting.last_backup_time = previous.last_backup_time.clone();
-    }
+    let observed = status::Observed { deleting: true, ..Default::default() };
+    let deleting = status::compute(&db, &observed, &crate::runtime::status::now());
     if let Err(error) = write_status_if_changed(&db, deleting, &ctx).await {
         tracing::debug!(%error, "could not mark MyDatabase as Deleting");
     }

@@ -20,16 +20,15 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::Api;
+use kube::ResourceExt;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Client, Resource, ResourceExt};
 
 use crate::api::MyDatabase;
 use crate::manifests::rbac::Permission;
 use crate::runtime::controller::drive;
-use crate::runtime::{Context, MANAGED_BY_SELECTOR};
+use crate::runtime::{Context, MANAGED_BY_SELECTOR, scoped_api};
 
 /// What the MyDatabase controller does with the API, and nothing more.
 pub const RBAC: &[Permission] = &[
@@ -69,16 +68,6 @@ pub const RBAC: &[Permission] = &[
     },
 ];
 
-fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-{
-    match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
-}
-
 /// Runs the MyDatabase controller until `shutdown` resolves; calls `on_synced`
 /// once the MyDatabase cache is filled.
 pub async fn run(
@@ -92,15 +81,15 @@ pub async fn run(
     let owned = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
     let backup_jobs =
         watcher::Config::default().labels(&format!("{MANAGED_BY_SELECTOR},app.kubernetes.io/component=backup"));
-    let controller = Controller::new(api::<MyDatabase>(&client, namespace), watcher::Config::default())
-        .owns(api::<StatefulSet>(&client, namespace), owned.clone())
-        .owns(api::<Service>(&client, namespace), owned.clone())
-        .owns(api::<Secret>(&client, namespace), owned.clone())
-        .owns(api::<ConfigMap>(&client, namespace), owned.clone())
-        .owns(api::<CronJob>(&client, namespace), owned.clone())
-        .owns(api::<PodDisruptionBudget>(&client, namespace), owned)
+    let controller = Controller::new(scoped_api::<MyDatabase>(&client, namespace), watcher::Config::default())
+        .owns(scoped_api::<StatefulSet>(&client, namespace), owned.clone())
+        .owns(scoped_api::<Service>(&client, namespace), owned.clone())
+        .owns(scoped_api::<Secret>(&client, namespace), owned.clone())
+        .owns(scoped_api::<ConfigMap>(&client, namespace), owned.clone())
+        .owns(scoped_api::<CronJob>(&client, namespace), owned.clone())
+        .owns(scoped_api::<PodDisruptionBudget>(&client, namespace), owned)
         // Backup Jobs belong to the CronJob, not to us: map them by label.
-        .watches(api::<Job>(&client, namespace), backup_jobs, |job: Job| {
+        .watches(scoped_api::<Job>(&client, namespace), backup_jobs, |job: Job| {
             let cluster = job.labels().get(names::CLUSTER_LABEL)?.clone();
             Some(ObjectRef::<MyDatabase>::new(&cluster).within(&job.namespace()?))
         })

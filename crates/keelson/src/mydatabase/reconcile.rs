@@ -9,7 +9,6 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -22,17 +21,12 @@ use super::{backup, credentials, deletion, names, pdb, scripts, services, statef
 use crate::api::mydatabase::{MyDatabase, MyDatabaseStatus};
 use crate::runtime::controller::report_child_change;
 use crate::runtime::metrics::ChildWriteLabels;
-use crate::runtime::{Context, apply_child};
+use crate::runtime::{Context, Current, apply_child};
 use crate::{Error, Result};
 
 pub const CONTROLLER: &str = "mydatabase";
 pub const FINALIZER: &str = "db.keelson.dev/cleanup";
 const RESYNC: Duration = Duration::from_secs(3600);
-
-pub fn now() -> Time {
-    let now = k8s_openapi::jiff::Timestamp::now();
-    Time(now.round(k8s_openapi::jiff::Unit::Second).unwrap_or(now))
-}
 
 pub fn namespace_of(db: &MyDatabase) -> Result<String> {
     db.namespace().ok_or_else(|| Error::MissingMetadata(format!("MyDatabase {} has no namespace", db.name_any())))
@@ -60,6 +54,7 @@ async fn apply_and_report<K>(
     db: &MyDatabase,
     api: &Api<K>,
     desired: K,
+    current: Current<'_, K>,
     failure: &mut Option<Error>,
 ) -> Option<K>
 where
@@ -67,7 +62,7 @@ where
 {
     let name = desired.meta().name.clone().unwrap_or_default();
     let reconciled_before = db.status.as_ref().and_then(|s| s.observed_generation).is_some();
-    match apply_child(api, desired, None, &ctx.metrics).await {
+    match apply_child(api, desired, current, &ctx.metrics).await {
         Ok((applied, change)) => {
             report_child_change::<K>(ctx, &db.object_ref(&()), &name, &change, reconciled_before).await;
             Some(applied)
@@ -93,28 +88,31 @@ async fn apply_spec(db: Arc<MyDatabase>, ctx: Arc<Context>) -> Result<Action> {
     ctx.metrics.api_request("get", &existing_secret);
     let existing_secret = existing_secret.map_err(Error::kube("get credentials Secret"))?;
     let passwords = credentials::passwords(existing_secret.as_ref());
-    apply_and_report(&ctx, &db, &secrets, credentials::build(&db, &passwords)?, &mut failure).await;
+    let secret = credentials::build(&db, &passwords)?;
+    apply_and_report(&ctx, &db, &secrets, secret, Current::Read(existing_secret), &mut failure).await;
     apply_and_report(
         &ctx,
         &db,
         &Api::<ConfigMap>::namespaced(client.clone(), &namespace),
         scripts::build(&db)?,
+        Current::Unknown,
         &mut failure,
     )
     .await;
     let service_api: Api<Service> = Api::namespaced(client.clone(), &namespace);
     for service in services::build(&db)? {
-        apply_and_report(&ctx, &db, &service_api, service, &mut failure).await;
+        apply_and_report(&ctx, &db, &service_api, service, Current::Unknown, &mut failure).await;
     }
 
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
-    grow_storage_if_needed(&db, &namespace, &sets, &ctx).await?;
-    let observed_sts = apply_and_report(&ctx, &db, &sets, statefulset::build(&db)?, &mut failure).await;
+    let existing_sts = grow_storage_if_needed(&db, &namespace, &sets, &ctx).await?;
+    let desired_sts = statefulset::build(&db)?;
+    let observed_sts = apply_and_report(&ctx, &db, &sets, desired_sts, Current::Read(existing_sts), &mut failure).await;
 
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &namespace);
     match pdb::build(&db)? {
         Some(budget) => {
-            apply_and_report(&ctx, &db, &budgets, budget, &mut failure).await;
+            apply_and_report(&ctx, &db, &budgets, budget, Current::Unknown, &mut failure).await;
         }
         None => delete_if_present(&budgets, &names::statefulset(&db), &ctx).await?,
     }
@@ -123,8 +121,8 @@ async fn apply_spec(db: Arc<MyDatabase>, ctx: Arc<Context>) -> Result<Action> {
     let backup_scheduled = match backup::cronjob(&db)? {
         Some(cronjob) => {
             let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
-            apply_and_report(&ctx, &db, &pvcs, backup::volume_claim(&db), &mut failure).await;
-            apply_and_report(&ctx, &db, &cronjobs, cronjob, &mut failure).await.is_some()
+            apply_and_report(&ctx, &db, &pvcs, backup::volume_claim(&db), Current::Unknown, &mut failure).await;
+            apply_and_report(&ctx, &db, &cronjobs, cronjob, Current::Unknown, &mut failure).await.is_some()
         }
         None => {
             delete_if_present(&cronjobs, &names::backup_cronjob(&db), &ctx).await?;
@@ -147,11 +145,10 @@ async fn apply_spec(db: Arc<MyDatabase>, ctx: Arc<Context>) -> Result<Action> {
         statefulset: observed_sts.as_ref(),
         backups,
         backup_scheduled,
-        invalid: None,
         failure: failure.as_ref().map(ToString::to_string),
-        deleting: false,
+        ..Default::default()
     };
-    let new_status = status::compute(&db, &observed, &now());
+    let new_status = status::compute(&db, &observed, &crate::runtime::status::now());
     announce_backup_failure(&db, &new_status, &ctx).await;
     write_status_if_changed(&db, new_status, &ctx).await?;
     match failure {
@@ -163,21 +160,8 @@ async fn apply_spec(db: Arc<MyDatabase>, ctx: Arc<Context>) -> Result<Action> {
 /// What only the reconciler can reject: a condition naming the field, an
 /// Event, and no requeue until the spec changes (no hot loop).
 async fn report_invalid(db: &MyDatabase, namespace: &str, invalid: &Invalid, ctx: &Context) -> Result<Action> {
-    let observed = status::Observed {
-        statefulset: None,
-        backups: status::Backups::default(),
-        backup_scheduled: false,
-        invalid: Some(invalid),
-        failure: None,
-        deleting: false,
-    };
-    let mut new_status = status::compute(db, &observed, &now());
-    // Keep what is known about the running database while the spec is fixed.
-    if let Some(previous) = &db.status {
-        new_status.ready_replicas = previous.ready_replicas;
-        new_status.instances = previous.instances.clone();
-        new_status.last_backup_time = previous.last_backup_time.clone();
-    }
+    let observed = status::Observed { invalid: Some(invalid), ..Default::default() };
+    let new_status = status::compute(db, &observed, &crate::runtime::status::now());
     if db.status.as_ref() != Some(&new_status) {
         tracing::warn!(namespace, name = %db.name_any(), field = invalid.field, "invalid spec: {}", invalid.message);
         let note = invalid.message.clone();
@@ -190,19 +174,20 @@ async fn report_invalid(db: &MyDatabase, namespace: &str, invalid: &Invalid, ctx
 /// A StatefulSet's claim templates cannot change, so growing storage means:
 /// expand each existing data PVC, then recreate the StatefulSet without
 /// touching its pods (orphan delete); the next reconcile applies the new one.
+/// Returns the StatefulSet as it is when nothing needs to grow.
 async fn grow_storage_if_needed(
     db: &MyDatabase,
     namespace: &str,
     sets: &Api<StatefulSet>,
     ctx: &Context,
-) -> Result<()> {
+) -> Result<Option<StatefulSet>> {
     let existing = sets.get_opt(&names::statefulset(db)).await;
     ctx.metrics.api_request("get", &existing);
-    let Some(existing) = existing.map_err(Error::kube("get StatefulSet"))? else { return Ok(()) };
+    let Some(existing) = existing.map_err(Error::kube("get StatefulSet"))? else { return Ok(None) };
     if existing.metadata.deletion_timestamp.is_some() {
         return Err(Error::Waiting(format!("StatefulSet {namespace}/{} to be recreated", existing.name_any())));
     }
-    let Some(current) = statefulset::template_storage(&existing) else { return Ok(()) };
+    let Some(current) = statefulset::template_storage(&existing) else { return Ok(Some(existing)) };
     let grows = match (
         crate::runtime::drift::parse_quantity(&current),
         crate::runtime::drift::parse_quantity(&db.spec.storage),
@@ -211,7 +196,7 @@ async fn grow_storage_if_needed(
         _ => false,
     };
     if !grows {
-        return Ok(());
+        return Ok(Some(existing));
     }
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
     let selector = format!("{}={},app.kubernetes.io/component=database", names::CLUSTER_LABEL, db.name_any());

@@ -49,6 +49,7 @@ pub fn observe_backups(jobs: &[Job]) -> Backups {
 }
 
 /// Everything status depends on, as observed in this reconcile.
+#[derive(Default)]
 pub struct Observed<'a> {
     pub statefulset: Option<&'a StatefulSet>,
     pub backups: Backups,
@@ -60,15 +61,20 @@ pub struct Observed<'a> {
 
 pub fn compute(db: &MyDatabase, observed: &Observed, now: &Time) -> MyDatabaseStatus {
     let desired = db.spec.replicas;
+    let previous = db.status.as_ref();
     let sts_status = observed.statefulset.and_then(|s| s.status.as_ref());
-    let ready = sts_status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    // An invalid spec or a deletion reads no StatefulSet: keep what was last known of it.
+    let carried = observed.statefulset.is_none() && (observed.invalid.is_some() || observed.deleting);
+    let ready = match (carried, previous) {
+        (true, Some(previous)) => previous.ready_replicas,
+        _ => sts_status.and_then(|s| s.ready_replicas).unwrap_or(0),
+    };
     let current = observed.statefulset.is_some_and(|s| {
         let status = s.status.as_ref();
         status.and_then(|st| st.observed_generation).unwrap_or(0) >= s.metadata.generation.unwrap_or(0)
             && status.and_then(|st| st.updated_replicas).unwrap_or(0) == desired
             && status.map(|st| st.replicas).unwrap_or(0) == desired
     });
-    let previous = db.status.as_ref();
     let was_running = matches!(previous.and_then(|s| s.phase), Some(DatabasePhase::Running | DatabasePhase::Degraded));
     let phase = if observed.deleting {
         DatabasePhase::Deleting
@@ -131,7 +137,10 @@ pub fn compute(db: &MyDatabase, observed: &Observed, now: &Time) -> MyDatabaseSt
         phase: Some(phase),
         ready: is_ready,
         ready_replicas: ready,
-        instances: Some(format!("{ready}/{desired}")),
+        instances: match (carried, previous) {
+            (true, Some(previous)) => previous.instances.clone(),
+            _ => Some(format!("{ready}/{desired}")),
+        },
         last_backup_time: observed
             .backups
             .last_success
@@ -231,6 +240,19 @@ mod tests {
         assert_eq!(status.phase, Some(DatabasePhase::Failed));
         assert_eq!(condition(&status, "SpecValid"), Some(("False".into(), "InvalidSchedule".into())));
         assert!(status.conditions.iter().any(|c| c.message.contains("spec.backup.schedule")));
+    }
+
+    #[test]
+    fn invalid_spec_and_deletion_keep_the_last_known_instances() {
+        let mut db = sample();
+        db.status = Some(MyDatabaseStatus { ready_replicas: 3, instances: Some("3/3".into()), ..Default::default() });
+        let deleting = compute(&db, &Observed { deleting: true, ..Default::default() }, &at(0));
+        assert_eq!(
+            (deleting.phase, deleting.ready_replicas, deleting.instances.as_deref()),
+            (Some(DatabasePhase::Deleting), 3, Some("3/3"))
+        );
+        let fresh = compute(&sample(), &Observed { deleting: true, ..Default::default() }, &at(0));
+        assert_eq!((fresh.ready_replicas, fresh.instances.as_deref()), (0, Some("0/3")));
     }
 
     #[test]

@@ -46,6 +46,15 @@ fn desired_hash<K: Resource>(object: &K) -> Option<&String> {
     object.meta().annotations.as_ref().and_then(|a| a.get(DESIRED_HASH_ANNOTATION))
 }
 
+async fn read<K>(api: &Api<K>, name: &str, metrics: &Metrics) -> Result<Option<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+{
+    let actual = api.get_opt(name).await;
+    metrics.api_request("get", &actual);
+    actual.map_err(Error::kube(format!("get {} {name}", K::kind(&()))))
+}
+
 /// Compares `actual` to `desired` (already stamped) and says what applying would be.
 pub fn classify<K: Resource + Serialize>(desired: &K, actual: Option<&K>) -> Result<ChildChange> {
     let Some(actual) = actual else {
@@ -63,12 +72,22 @@ pub fn classify<K: Resource + Serialize>(desired: &K, actual: Option<&K>) -> Res
     })
 }
 
-/// Reads the child (from `cache` when the controller keeps one, else from the
-/// API server), and applies `desired` only if it is missing or differs.
+/// What the caller knows of a child's current state.
+pub enum Current<'a, K: Resource<DynamicType = ()> + Clone + 'static> {
+    /// Nothing: read it from the API server.
+    Unknown,
+    /// A watch cache; trusted only to say "nothing to do", anything else is
+    /// confirmed with the API server (the cache may lag behind our last write).
+    Cached(&'a Store<K>),
+    /// Just read from the API server by the caller.
+    Read(Option<K>),
+}
+
+/// Brings a child to `desired`, applying only if it is missing or differs.
 pub async fn apply_child<K>(
     api: &Api<K>,
     mut desired: K,
-    cache: Option<&Store<K>>,
+    current: Current<'_, K>,
     metrics: &Metrics,
 ) -> Result<(K, ChildChange)>
 where
@@ -77,30 +96,20 @@ where
     let kind = K::kind(&());
     let name = desired.meta().name.clone().unwrap_or_default();
     stamp_desired_hash(&mut desired)?;
-    let read = || async {
-        let actual = api.get_opt(&name).await;
-        metrics.api_request("get", &actual);
-        actual.map_err(Error::kube(format!("get {kind} {name}")))
-    };
-    let cached = match (cache, desired.meta().namespace.as_deref()) {
-        (Some(cache), Some(namespace)) => {
-            Some(cache.get(&ObjectRef::new(&name).within(namespace)).map(|k| K::clone(&k)))
+    let actual = match current {
+        Current::Read(actual) => actual,
+        Current::Cached(cache) => {
+            let key = ObjectRef::new(&name).within(desired.meta().namespace.as_deref().unwrap_or_default());
+            if let Some(cached) = cache.get(&key)
+                && classify(&desired, Some(&cached))? == ChildChange::Unchanged
+            {
+                return Ok((K::clone(&cached), ChildChange::Unchanged));
+            }
+            read(api, &name, metrics).await?
         }
-        _ => None,
+        Current::Unknown => read(api, &name, metrics).await?,
     };
-    let (actual, change) = match cached {
-        // The cache answers the common case, "nothing to do", without a request.
-        Some(Some(actual)) if classify(&desired, Some(&actual))? == ChildChange::Unchanged => {
-            return Ok((actual, ChildChange::Unchanged));
-        }
-        // Anything else is confirmed with the API server: the cache may lag
-        // behind our own last write, and a stale copy must not pass for drift.
-        _ => {
-            let actual = read().await?;
-            let change = classify(&desired, actual.as_ref())?;
-            (actual, change)
-        }
-    };
+    let change = classify(&desired, actual.as_ref())?;
     if let (ChildChange::Unchanged, Some(actual)) = (&change, actual) {
         return Ok((actual, ChildChange::Unchanged));
     }

@@ -11,7 +11,7 @@ pub mod leader;
 pub mod metrics;
 pub mod status;
 
-pub use apply::{ChildChange, apply_child};
+pub use apply::{ChildChange, Current, apply_child};
 pub use context::{Context, FIELD_MANAGER};
 pub use metrics::Metrics;
 
@@ -30,6 +30,17 @@ pub fn recommended_labels(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect()
+}
+
+/// An API for `K` in `namespace`, or across all namespaces.
+pub fn scoped_api<K>(client: &kube::Client, namespace: Option<&str>) -> kube::Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => kube::Api::namespaced(client.clone(), ns),
+        None => kube::Api::all(client.clone()),
+    }
 }
 
 /// Label selector matching every object Keelson manages, for owned watches.

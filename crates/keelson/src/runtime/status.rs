@@ -13,6 +13,13 @@ use super::context::Context;
 use super::metrics::ControllerLabels;
 use crate::{Error, Result};
 
+/// Now, to the second: the API server stores condition times in seconds, so a
+/// finer time would make every computed status differ from the stored one.
+pub fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now.round(k8s_openapi::jiff::Unit::Second).unwrap_or(now))
+}
+
 /// Writes `new` when it differs from `current`; true when it wrote. A write
 /// changes the object, which triggers another reconcile, so an unchanged
 /// status must never be written (that would loop).

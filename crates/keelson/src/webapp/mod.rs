@@ -13,7 +13,6 @@ use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -21,7 +20,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use crate::api::WebApp;
 use crate::manifests::rbac::Permission;
 use crate::runtime::controller::drive;
-use crate::runtime::{Context, MANAGED_BY_SELECTOR};
+use crate::runtime::{Context, Current, MANAGED_BY_SELECTOR, scoped_api};
 
 /// What the WebApp controller does with the API, and nothing more.
 pub const RBAC: &[Permission] = &[
@@ -53,13 +52,15 @@ impl AsRef<Context> for WebAppContext {
     }
 }
 
-/// A store once it holds its first full list (else the API server is asked).
-pub fn synced<K>(store: &Store<K>) -> Option<&Store<K>>
+/// The cache once it holds its first full list; until then the API server is asked.
+pub fn cached<K>(store: &Store<K>) -> Current<'_, K>
 where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
 {
-    store.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()).then_some(store)
+    match store.wait_until_ready().now_or_never() {
+        Some(Ok(())) => Current::Cached(store),
+        _ => Current::Unknown,
+    }
 }
 
 /// Runs the WebApp controller until `shutdown` resolves; calls `on_synced`
@@ -72,12 +73,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let (apps, deployments, services): (Api<WebApp>, Api<Deployment>, Api<Service>) = match namespace {
-        Some(ns) => {
-            (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns), Api::namespaced(client, ns))
-        }
-        None => (Api::all(client.clone()), Api::all(client.clone()), Api::all(client)),
-    };
+    let (apps, deployments, services) = (
+        scoped_api::<WebApp>(&client, namespace),
+        scoped_api::<Deployment>(&client, namespace),
+        scoped_api::<Service>(&client, namespace),
+    );
     let owned = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
     // One watch per child kind feeds both the cache and the controller's
     // triggers (deletions included); managedFields are dropped to save memory.

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
@@ -43,8 +42,8 @@ pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<WebAppContext>) -> Result<Acti
     let deployment_name = app.name_any();
     let service_name = service::name(&app);
     let (deployment_result, service_result) = tokio::join!(
-        apply_child(&deployments, desired_deployment, super::synced(&ctx.deployments), &ctx.metrics),
-        apply_child(&services, desired_service, super::synced(&ctx.services), &ctx.metrics),
+        apply_child(&deployments, desired_deployment, super::cached(&ctx.deployments), &ctx.metrics),
+        apply_child(&services, desired_service, super::cached(&ctx.services), &ctx.metrics),
     );
     let observed_deployment = match deployment_result {
         Ok((applied, change)) => {
@@ -63,13 +62,9 @@ pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<WebAppContext>) -> Result<Acti
         Err(error) => failure = failure.or(Some(error)),
     }
 
-    let now = Time(
-        k8s_openapi::jiff::Timestamp::now()
-            .round(k8s_openapi::jiff::Unit::Second)
-            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now()),
-    );
     let failure_message = failure.as_ref().map(ToString::to_string);
-    let new_status = status::compute(&app, observed_deployment.as_ref(), failure_message.as_deref(), &now);
+    let new_status =
+        status::compute(&app, observed_deployment.as_ref(), failure_message.as_deref(), &crate::runtime::status::now());
     write_status_if_changed(&app, new_status, &ctx).await?;
 
     match failure {

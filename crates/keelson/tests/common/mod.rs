@@ -128,12 +128,7 @@ impl TestOperator {
 
     pub fn counter(&self, name: &str) -> u64 {
         // Sums every series of a counter in the rendered text, e.g. `keelson_child_writes_total`.
-        self.metrics
-            .render()
-            .lines()
-            .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
+        testkit::process::metric_sum(&self.metrics.render(), name) as u64
     }
 }
 
