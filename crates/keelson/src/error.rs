@@ -1,7 +1,5 @@
 //! The errors a reconcile can end with.
 
-use std::time::Duration;
-
 /// Everything that can go wrong while reconciling a Keelson object.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -22,11 +20,9 @@ pub enum Error {
         source: serde_json::Error,
     },
 
-    #[error("finalizer failed: {0}")]
-    Finalizer(String),
-
-    #[error("waiting for {0}")]
-    Waiting(String),
+    /// Children the API server refused; the rest were applied and status written.
+    #[error("{summary}")]
+    ChildrenFailed { summary: String, conflict: bool },
 }
 
 impl Error {
@@ -39,25 +35,17 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Kube { source: kube::Error::Api(status), .. } if status.code == 409 => "conflict",
+            Error::ChildrenFailed { conflict: true, .. } => "conflict",
             Error::Kube { .. } => "kube_api",
+            Error::ChildrenFailed { .. } => "child_apply",
             Error::MissingMetadata(_) => "missing_metadata",
             Error::Serialize { .. } => "serialize",
-            Error::Finalizer(_) => "finalizer",
-            Error::Waiting(_) => "waiting",
         }
     }
 
     /// True for optimistic-concurrency conflicts, which are retried quietly.
     pub fn is_conflict(&self) -> bool {
         self.metric_label() == "conflict"
-    }
-
-    /// A fixed delay for errors that are not failures, e.g. waiting for a Job.
-    pub fn fixed_retry(&self) -> Option<Duration> {
-        match self {
-            Error::Waiting(_) => Some(Duration::from_secs(5)),
-            _ => None,
-        }
     }
 }
 

@@ -1,12 +1,14 @@
-//! `keelson run`: wires the client, HTTP endpoints, leader election and both
-//! controllers together, and shuts them down cleanly on SIGTERM or Ctrl-C.
+//! `keelson run`: wires the client, HTTP endpoints, leader election and the
+//! controllers of [`CONTROLLERS`] together, and shuts them down cleanly on SIGTERM or Ctrl-C.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::runtime::controller::{ControllerDef, RunParams};
 use crate::runtime::health::{self, Readiness};
 use crate::runtime::leader::LeaderElector;
 use crate::runtime::{Context, Metrics};
@@ -104,7 +106,10 @@ async fn termination_signal() {
     let _ = ctrl_c.await;
 }
 
-/// Runs both controllers until `shutdown` turns true, draining in-flight
+/// Every controller the operator runs; RBAC is generated from the same table.
+pub const CONTROLLERS: &[ControllerDef] = &[webapp::CONTROLLER, mydatabase::CONTROLLER];
+
+/// Runs every controller until `shutdown` turns true, draining in-flight
 /// reconciles; `readiness` turns ready once every controller's cache synced.
 pub async fn run_controllers(
     ctx: Arc<Context>,
@@ -113,29 +118,24 @@ pub async fn run_controllers(
     readiness: Readiness,
     shutdown: watch::Receiver<bool>,
 ) {
-    const CONTROLLERS: usize = 2;
-    let synced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let on_synced = move || {
-        if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == CONTROLLERS {
-            tracing::info!("caches synced; ready");
-            readiness.set_ready();
-        }
-    };
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let on_synced = Arc::new(on_synced);
-    let (webapp_synced, database_synced) = (on_synced.clone(), on_synced);
-    tokio::join!(
-        webapp::run(ctx.clone(), namespace.as_deref(), concurrency, move || webapp_synced(), stopped(shutdown.clone())),
-        mydatabase::run(
-            ctx.clone(),
-            namespace.as_deref(),
+    let synced = Arc::new(AtomicUsize::new(0));
+    let runs = CONTROLLERS.iter().map(|controller| {
+        let (synced, readiness) = (synced.clone(), readiness.clone());
+        let on_synced = Box::new(move || {
+            if synced.fetch_add(1, Ordering::SeqCst) + 1 == CONTROLLERS.len() {
+                tracing::info!("caches synced; ready");
+                readiness.set_ready();
+            }
+        });
+        (controller.run)(RunParams {
+            ctx: ctx.clone(),
+            namespace: namespace.clone(),
             concurrency,
-            move || database_synced(),
-            stopped(shutdown.clone())
-        ),
-    );
+            on_synced,
+            shutdown: shutdown.clone(),
+        })
+    });
+    futures::future::join_all(runs).await;
 }
 
 pub async fn run(args: RunArgs) -> Result<(), RunError> {

@@ -343,6 +343,9 @@ async fn deletion_policy_snapshot_takes_a_final_backup_first() -> anyhow::Result
     }
     let backups = pvcs.get("production-db-backups").await?;
     assert!(backups.metadata.deletion_timestamp.is_none(), "the backups must survive a Snapshot deletion");
+    // The backup's roles need their passwords: the Secret stays with the backup.
+    let secret = ns.api::<Secret>().get("production-db-credentials").await?;
+    assert!(secret.owner_references().is_empty() && secret.metadata.deletion_timestamp.is_none());
     Ok(())
 }
 

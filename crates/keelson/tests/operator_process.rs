@@ -59,7 +59,6 @@ async fn probes_metrics_and_clean_shutdown_on_sigterm() -> anyhow::Result<()> {
     for series in [
         "keelson_reconcile_total{controller=\"webapp\"}",
         "keelson_reconcile_duration_seconds_bucket{",
-        "keelson_kubernetes_requests_total{verb=\"apply\",result=\"ok\"}",
         "keelson_child_writes_total{kind=\"Deployment\",action=\"create\"} 1",
         "keelson_leader 1",
         "keelson_kubernetes_http_requests_total{verb=\"watch\",code=\"200\"}",

@@ -49,11 +49,6 @@ pub fn merge_conditions(
         .collect()
 }
 
-/// Looks a condition up by type.
-pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|c| c.type_ == type_)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

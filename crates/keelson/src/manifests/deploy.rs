@@ -5,9 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
-    Service, ServiceAccount, ServicePort, ServiceSpec,
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, Service, ServiceAccount, ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -16,9 +15,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::ObjectMeta;
 
 use super::rbac::{CLUSTER_ROLE_NAME, LEADER_ROLE_NAME};
+use crate::runtime::security;
 
 pub const NAMESPACE: &str = "keelson-system";
 pub const SERVICE_ACCOUNT: &str = "keelson-controller-manager";
+/// distroless's `nonroot` user.
+const MANAGER_UID: i64 = 65532;
 pub const IMAGE: &str = concat!("keelson:", env!("CARGO_PKG_VERSION"));
 
 fn labels() -> BTreeMap<String, String> {
@@ -138,13 +140,7 @@ pub fn manager_deployment() -> Deployment {
             limits: Some([("cpu".to_string(), quantity("500m")), ("memory".to_string(), quantity("128Mi"))].into()),
             ..Default::default()
         }),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
-            ..Default::default()
-        }),
+        security_context: Some(security::restricted_container()),
         ..Default::default()
     };
     Deployment {
@@ -157,13 +153,7 @@ pub fn manager_deployment() -> Deployment {
                 spec: Some(PodSpec {
                     service_account_name: Some(SERVICE_ACCOUNT.into()),
                     termination_grace_period_seconds: Some(10),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(65532),
-                        run_as_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
-                        ..Default::default()
-                    }),
+                    security_context: Some(security::restricted_pod(MANAGER_UID, None)),
                     containers: vec![container],
                     ..Default::default()
                 }),

@@ -1,25 +1,13 @@
-//! Least-privilege RBAC, generated from the rules each controller declares.
+//! Least-privilege RBAC, generated from the rules each controller declares
+//! (`runtime::permissions`, the `rbac` of each entry of `operator::CONTROLLERS`).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use kube::api::ObjectMeta;
 
-/// One RBAC rule as a controller declares it.
-#[derive(Clone, Copy, Debug)]
-pub struct Permission {
-    pub group: &'static str,
-    pub resources: &'static [&'static str],
-    pub verbs: &'static [&'static str],
-}
-
-/// Events for every controller (kube's Recorder creates and patches series).
-pub const EVENTS: &[Permission] =
-    &[Permission { group: "events.k8s.io", resources: &["events"], verbs: &["create", "patch"] }];
-
-/// The leader-election Lease, in the operator's own namespace only.
-pub const LEADER_ELECTION: &[Permission] =
-    &[Permission { group: "coordination.k8s.io", resources: &["leases"], verbs: &["get", "create", "update"] }];
+use crate::operator::CONTROLLERS;
+use crate::runtime::permissions::{EVENTS, LEADER_ELECTION, Permission};
 
 pub const CLUSTER_ROLE_NAME: &str = "keelson-manager";
 pub const LEADER_ROLE_NAME: &str = "keelson-leader-election";
@@ -60,7 +48,7 @@ fn rules(permissions: &[&[Permission]]) -> Vec<PolicyRule> {
 pub fn cluster_role() -> ClusterRole {
     ClusterRole {
         metadata: ObjectMeta { name: Some(CLUSTER_ROLE_NAME.into()), labels: Some(labels()), ..Default::default() },
-        rules: Some(rules(&[crate::webapp::RBAC, crate::mydatabase::RBAC, EVENTS])),
+        rules: Some(rules(&CONTROLLERS.iter().map(|c| c.rbac).chain([EVENTS]).collect::<Vec<_>>())),
         ..Default::default()
     }
 }

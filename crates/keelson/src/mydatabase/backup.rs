@@ -7,15 +7,15 @@ use k8s_openapi::api::core::v1::{
     PodTemplateSpec, Volume, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
 
 use super::credentials::PASSWORD_KEY;
 use super::names::{self, APP_DB, APP_USER, PORT};
-use super::statefulset::{
-    container_security_context, empty_dir, env, image, mount, pod_security_context, scripts_volume, secret_env,
-};
-use crate::Result;
+use super::statefulset::{POSTGRES_UID, empty_dir, env, image, mount, scripts_volume, secret_env};
 use crate::api::MyDatabase;
+use crate::runtime::security;
+use crate::{Error, Result};
 
 /// Retention used by the final Snapshot backup when the spec has no backup section.
 const DEFAULT_RETENTION: &str = "10000w";
@@ -45,7 +45,7 @@ fn backup_pod(db: &MyDatabase, retention: &str) -> PodTemplateSpec {
         metadata: Some(ObjectMeta { labels: Some(names::labels(db, "backup")), ..Default::default() }),
         spec: Some(PodSpec {
             restart_policy: Some("Never".into()),
-            security_context: Some(pod_security_context()),
+            security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
             containers: vec![Container {
                 name: "backup".into(),
                 image: Some(image(db)),
@@ -59,7 +59,7 @@ fn backup_pod(db: &MyDatabase, retention: &str) -> PodTemplateSpec {
                     env("BACKUP_DIR", "/backups"),
                     env("RETENTION", retention),
                 ]),
-                security_context: Some(container_security_context()),
+                security_context: Some(security::restricted_container()),
                 volume_mounts: Some(vec![
                     mount("backups", "/backups"),
                     mount("scripts", "/scripts"),
@@ -116,10 +116,16 @@ pub fn cronjob(db: &MyDatabase) -> Result<Option<CronJob>> {
 }
 
 /// The last backup before the data volumes go (Snapshot deletion policy).
-pub fn final_backup_job(db: &MyDatabase) -> Result<Job> {
+/// Owned by the backups volume, not the MyDatabase: its record lasts as
+/// long as the backup it took.
+pub fn final_backup_job(db: &MyDatabase, backups: &PersistentVolumeClaim) -> Result<Job> {
     let retention = db.spec.backup.as_ref().map_or(DEFAULT_RETENTION, |b| b.retention.as_str());
+    let owner = backups.controller_owner_ref(&()).ok_or_else(|| {
+        Error::MissingMetadata(format!("PVC {} has no uid yet", backups.metadata.name.as_deref().unwrap_or_default()))
+    })?;
+    let metadata = names::unowned_meta(db, names::final_backup_job(db), "backup");
     Ok(Job {
-        metadata: names::owned_meta(db, names::final_backup_job(db), "backup")?,
+        metadata: ObjectMeta { owner_references: Some(vec![OwnerReference { controller: None, ..owner }]), ..metadata },
         spec: Some(job_spec(db, retention)),
         ..Default::default()
     })
@@ -152,7 +158,13 @@ mod tests {
     }
 
     #[test]
-    fn backups_volume_is_not_owned() {
-        assert!(volume_claim(&sample()).metadata.owner_references.is_none());
+    fn backups_volume_is_not_owned_and_owns_the_final_backup() {
+        let mut claim = volume_claim(&sample());
+        assert!(claim.metadata.owner_references.is_none());
+        assert!(final_backup_job(&sample(), &claim).is_err(), "a claim without uid cannot own");
+        claim.metadata.uid = Some("pvc-uid".into());
+        let job = final_backup_job(&sample(), &claim).expect("builds");
+        let owner = &job.metadata.owner_references.expect("owned")[0];
+        assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("PersistentVolumeClaim", "pvc-uid"));
     }
 }

@@ -1,154 +1,154 @@
-//! What deleting a MyDatabase does to its data, by `spec.deletionPolicy`.
-//! Runs while the finalizer holds the object; the finalizer goes only after
-//! this succeeded, so a delete issued while the operator was down completes
-//! when it comes back.
-
-use std::sync::Arc;
+//! The deletion stage: what deleting a MyDatabase does to its data, by
+//! `spec.deletionPolicy`. Runs while the finalizer holds the object; the
+//! pipeline releases the finalizer only once this recorded neither a failure
+//! nor a wait, so a delete issued while the operator was down completes when
+//! it comes back.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::controller::Action;
+use kube::api::DeleteParams;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::reconcile::{namespace_of, write_status_if_changed};
+use super::observed::{Caches, Observed};
 use super::{backup, names, status};
 use crate::api::mydatabase::{DeletionPolicy, MyDatabase};
-use crate::runtime::Context;
-use crate::{Error, Result};
+use crate::runtime::outcome::ChildFailure;
+use crate::runtime::{Applier, Context};
 
-pub async fn cleanup(db: Arc<MyDatabase>, ctx: Arc<Context>) -> Result<Action> {
-    let namespace = namespace_of(&db)?;
-    let observed = status::Observed { deleting: true, ..Default::default() };
-    let deleting = status::compute(&db, &observed, &crate::runtime::status::now());
-    if let Err(error) = write_status_if_changed(&db, deleting, &ctx).await {
-        tracing::debug!(%error, "could not mark MyDatabase as Deleting");
+/// Where the final backup of the Snapshot policy stands.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FinalBackup {
+    NotStarted,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+pub fn final_backup_state(db: &MyDatabase, observed: &Observed) -> FinalBackup {
+    let name = names::final_backup_job(db);
+    let Some(job) = observed.backup_jobs.iter().find(|j| j.name_any() == name) else {
+        return FinalBackup::NotStarted;
+    };
+    let outcome = status::observe_backups(std::slice::from_ref(job));
+    if outcome.last_success.is_some() {
+        FinalBackup::Succeeded
+    } else if outcome.newest_failed.is_some() {
+        FinalBackup::Failed
+    } else {
+        FinalBackup::Running
     }
-    let reference = db.object_ref(&());
-    let name = db.name_any();
+}
+
+pub async fn clean_up(db: &MyDatabase, observed: &Observed, caches: &Caches, ctx: &Context, applier: &Applier<'_>) {
+    let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let (namespace, name) = (namespace.as_str(), name.as_str());
+    let event = |type_, reason: &'static str, note: String| async move {
+        tracing::info!(namespace, name, reason, "{note}");
+        ctx.event(&db.object_ref(&()), type_, reason, "Delete", note).await;
+    };
     match db.spec.deletion_policy {
         DeletionPolicy::Retain => {
-            release_credentials(&db, &namespace, &ctx).await?;
-            let claims = data_claims(&db, &namespace, &ctx).await?;
-            let note = format!(
-                "deletionPolicy Retain: kept data PVCs [{}], backups PVC {} (if any) and Secret {}",
-                claims.iter().map(|c| c.name_any()).collect::<Vec<_>>().join(", "),
-                names::backups_pvc(&db),
-                names::credentials(&db)
-            );
-            tracing::info!(namespace, name, "{note}");
-            ctx.event(&reference, EventType::Normal, "Retained", "Delete", note).await;
+            if release_credentials(db, observed, applier).await {
+                event(EventType::Normal, "Retained", retained_note(db, observed, "deletionPolicy Retain")).await;
+            }
         }
         DeletionPolicy::Delete => {
-            let removed = delete_data_claims(&db, &namespace, &ctx).await?;
-            delete_claim(&namespace, &names::backups_pvc(&db), &ctx).await?;
-            let note = format!(
-                "deletionPolicy Delete: deleted data PVCs [{}] and backups PVC {}",
-                removed.join(", "),
-                names::backups_pvc(&db)
-            );
-            tracing::info!(namespace, name, "{note}");
-            ctx.event(&reference, EventType::Normal, "DataDeleted", "Delete", note).await;
+            let mut removed = Vec::new();
+            for claim in &observed.data_claims {
+                if applier.delete::<PersistentVolumeClaim>(&claim.name_any(), &DeleteParams::background()).await {
+                    removed.push(claim.name_any());
+                }
+            }
+            applier.delete::<PersistentVolumeClaim>(&names::backups_pvc(db), &DeleteParams::background()).await;
+            if applier.failures().is_empty() {
+                let note = format!(
+                    "deletionPolicy Delete: deleted data PVCs [{}] and backups PVC {}",
+                    removed.join(", "),
+                    names::backups_pvc(db)
+                );
+                event(EventType::Normal, "DataDeleted", note).await;
+            }
         }
-        DeletionPolicy::Snapshot => {
-            final_backup(&db, &namespace, &ctx).await?;
-            let removed = delete_data_claims(&db, &namespace, &ctx).await?;
-            let note = format!(
-                "deletionPolicy Snapshot: final backup in PVC {}; deleted data PVCs [{}]",
-                names::backups_pvc(&db),
-                removed.join(", ")
-            );
-            tracing::info!(namespace, name, "{note}");
-            ctx.event(&reference, EventType::Normal, "SnapshotTaken", "Delete", note).await;
-        }
-    }
-    Ok(Action::await_change())
-}
-
-/// Runs the final backup Job and waits for it (each call checks once).
-async fn final_backup(db: &MyDatabase, namespace: &str, ctx: &Context) -> Result<()> {
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    let claim = backup::volume_claim(db);
-    let result = pvcs
-        .patch(&names::backups_pvc(db), &PatchParams::apply(crate::runtime::FIELD_MANAGER), &Patch::Apply(&claim))
-        .await;
-    ctx.metrics.api_request("apply", &result);
-    result.map_err(Error::kube("apply backups PVC"))?;
-
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
-    let job_name = names::final_backup_job(db);
-    let existing = jobs.get_opt(&job_name).await;
-    ctx.metrics.api_request("get", &existing);
-    let job = match existing.map_err(Error::kube("get final backup Job"))? {
-        Some(job) => job,
-        None => {
-            let created = jobs.create(&PostParams::default(), &backup::final_backup_job(db)?).await;
-            ctx.metrics.api_request("create", &created);
-            let created = created.map_err(Error::kube("create final backup Job"))?;
-            let note = format!("deletionPolicy Snapshot: running final backup Job {job_name}");
-            ctx.event(&db.object_ref(&()), EventType::Normal, "FinalBackupStarted", "Delete", note).await;
-            created
-        }
-    };
-    let outcome = status::observe_backups(std::slice::from_ref(&job));
-    if outcome.last_success.is_some() {
-        return Ok(());
-    }
-    if outcome.newest_failed.is_some() {
-        let note = format!(
-            "final backup Job {job_name} failed; the data is kept. Fix the cause and delete the Job to retry, \
-             or set spec.deletionPolicy to Retain or Delete"
-        );
-        ctx.event(&db.object_ref(&()), EventType::Warning, "FinalBackupFailed", "Delete", note.clone()).await;
-        return Err(Error::Finalizer(note));
-    }
-    Err(Error::Waiting(format!("final backup Job {namespace}/{job_name}")))
-}
-
-async fn data_claims(db: &MyDatabase, namespace: &str, ctx: &Context) -> Result<Vec<PersistentVolumeClaim>> {
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    let selector = format!("{}={},app.kubernetes.io/component=database", names::CLUSTER_LABEL, db.name_any());
-    let list = pvcs.list(&ListParams::default().labels(&selector)).await;
-    ctx.metrics.api_request("list", &list);
-    Ok(list.map_err(Error::kube("list data PVCs"))?.items)
-}
-
-async fn delete_claim(namespace: &str, name: &str, ctx: &Context) -> Result<()> {
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    let result = pvcs.delete(name, &DeleteParams::background()).await;
-    ctx.metrics.api_request("delete", &result);
-    match result {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(source) => Err(Error::Kube { action: format!("delete PVC {name}"), source }),
+        DeletionPolicy::Snapshot => match final_backup_state(db, observed) {
+            FinalBackup::NotStarted => match start_final_backup(db, caches, applier).await {
+                Ok(()) => {
+                    let note =
+                        format!("deletionPolicy Snapshot: running final backup Job {}", names::final_backup_job(db));
+                    event(EventType::Normal, "FinalBackupStarted", note).await;
+                    applier.wait("the final backup Job to finish");
+                }
+                Err(failure) if failure.namespace_terminating() => {
+                    let why = format!("the final backup cannot run ({failure})");
+                    keep_data(db, observed, applier, &why, event).await;
+                }
+                Err(failure) => applier.record_failure(failure),
+            },
+            FinalBackup::Running => applier.wait("the final backup Job to finish"),
+            FinalBackup::Failed => {
+                let why = format!("the final backup Job {} failed", names::final_backup_job(db));
+                keep_data(db, observed, applier, &why, event).await;
+            }
+            FinalBackup::Succeeded => {
+                let mut removed = Vec::new();
+                for claim in &observed.data_claims {
+                    if applier.delete::<PersistentVolumeClaim>(&claim.name_any(), &DeleteParams::background()).await {
+                        removed.push(claim.name_any());
+                    }
+                }
+                // The backup is only useful with the passwords of its roles.
+                if release_credentials(db, observed, applier).await && applier.failures().is_empty() {
+                    let note = format!(
+                        "deletionPolicy Snapshot: final backup in PVC {}; deleted data PVCs [{}]; kept Secret {}",
+                        names::backups_pvc(db),
+                        removed.join(", "),
+                        names::credentials(db)
+                    );
+                    event(EventType::Normal, "SnapshotTaken", note).await;
+                }
+            }
+        },
     }
 }
 
-async fn delete_data_claims(db: &MyDatabase, namespace: &str, ctx: &Context) -> Result<Vec<String>> {
-    let mut removed = Vec::new();
-    for claim in data_claims(db, namespace, ctx).await? {
-        delete_claim(namespace, &claim.name_any(), ctx).await?;
-        removed.push(claim.name_any());
+/// Applies the backups volume and the final backup Job (owned by that volume).
+async fn start_final_backup(db: &MyDatabase, caches: &Caches, applier: &Applier<'_>) -> Result<(), ChildFailure> {
+    let claim = applier.attempt(&caches.claims, backup::volume_claim(db)).await?;
+    let job = backup::final_backup_job(db, &claim)
+        .map_err(|error| ChildFailure::new(format!("Job {}", names::final_backup_job(db)), "apply", &error))?;
+    applier.attempt::<Job>(&caches.jobs, job).await.map(|_| ())
+}
+
+/// The Snapshot fallback: nothing is deleted when no final backup exists.
+async fn keep_data<F, Fut>(db: &MyDatabase, observed: &Observed, applier: &Applier<'_>, why: &str, event: F)
+where
+    F: Fn(EventType, &'static str, String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    if release_credentials(db, observed, applier).await {
+        let kept = retained_note(db, observed, "deletionPolicy Snapshot");
+        event(EventType::Warning, "FinalBackupFailed", format!("{why}; nothing deleted, as under Retain: {kept}"))
+            .await;
     }
-    Ok(removed)
+}
+
+fn retained_note(db: &MyDatabase, observed: &Observed, policy: &str) -> String {
+    format!(
+        "{policy}: kept data PVCs [{}], backups PVC {} (if any) and Secret {}",
+        observed.data_claims.iter().map(|c| c.name_any()).collect::<Vec<_>>().join(", "),
+        names::backups_pvc(db),
+        names::credentials(db)
+    )
 }
 
 /// Drops the owner reference from the credentials so they outlive the
-/// MyDatabase with the data they unlock.
-async fn release_credentials(db: &MyDatabase, namespace: &str, ctx: &Context) -> Result<()> {
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let name = names::credentials(db);
-    let existing = secrets.get_metadata_opt(&name).await;
-    ctx.metrics.api_request("get", &existing);
-    let Some(secret) = existing.map_err(Error::kube("get credentials Secret"))? else { return Ok(()) };
+/// MyDatabase with the data they unlock. True when released (or nothing to release).
+async fn release_credentials(db: &MyDatabase, observed: &Observed, applier: &Applier<'_>) -> bool {
+    let Some(secret) = &observed.credentials else { return true };
     if secret.owner_references().is_empty() {
-        return Ok(());
+        return true;
     }
     let patch = json!({"metadata": {"ownerReferences": null}});
-    let result = secrets.patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
-    ctx.metrics.api_request("patch", &result);
-    result.map_err(Error::kube("release credentials Secret"))?;
-    Ok(())
+    applier.merge_patch::<Secret>(&names::credentials(db), &patch, "release").await
 }

@@ -1,10 +1,16 @@
 //! The MyDatabase controller: PostgreSQL with streaming replicas, credentials,
 //! scheduled backups with retention, and a deletion policy.
+//!
+//! `observed` reads, `validation` validates, one file per child builds
+//! (`credentials`, `scripts`, `services`, `statefulset`, `pdb`, `backup`),
+//! `reconcile` runs the pipeline, `status` derives the status, `deletion`
+//! is the finalizer's stage.
 
 pub mod backup;
 pub mod credentials;
 pub mod deletion;
 pub mod names;
+pub mod observed;
 pub mod pdb;
 pub mod reconcile;
 pub mod scripts;
@@ -13,12 +19,11 @@ pub mod statefulset;
 pub mod status;
 pub mod validation;
 
-use std::future::Future;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::runtime::controller::{self, Controller};
@@ -26,18 +31,19 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::api::MyDatabase;
-use crate::manifests::rbac::Permission;
-use crate::runtime::controller::drive;
-use crate::runtime::{Context, MANAGED_BY_SELECTOR, scoped_api};
+use crate::runtime::controller::{ControllerDef, RunParams, drive, stopped};
+use crate::runtime::permissions::Permission;
+use crate::runtime::{cache, meta, scoped_api};
+
+/// The MyDatabase controller, for the operator's table.
+pub const CONTROLLER: ControllerDef =
+    ControllerDef { name: reconcile::CONTROLLER, rbac: RBAC, run: |params| Box::pin(run(params)) };
 
 /// What the MyDatabase controller does with the API, and nothing more.
 pub const RBAC: &[Permission] = &[
-    Permission {
-        group: "db.keelson.dev",
-        resources: &["mydatabases"],
-        verbs: &["get", "list", "watch", "patch", "update"],
-    },
-    Permission { group: "db.keelson.dev", resources: &["mydatabases/status"], verbs: &["get", "patch", "update"] },
+    Permission { group: "db.keelson.dev", resources: &["mydatabases"], verbs: &["list", "watch", "patch"] },
+    Permission { group: "db.keelson.dev", resources: &["mydatabases/status"], verbs: &["patch"] },
+    // Owner references that block deletion need this on the owner.
     Permission { group: "db.keelson.dev", resources: &["mydatabases/finalizers"], verbs: &["update"] },
     Permission {
         group: "apps",
@@ -52,15 +58,15 @@ pub const RBAC: &[Permission] = &[
     Permission {
         group: "",
         resources: &["persistentvolumeclaims"],
-        verbs: &["get", "list", "create", "patch", "delete"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
     },
-    Permission { group: "", resources: &["pods"], verbs: &["list", "patch"] },
+    Permission { group: "", resources: &["pods"], verbs: &["list", "watch", "patch"] },
     Permission {
         group: "batch",
         resources: &["cronjobs"],
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
     },
-    Permission { group: "batch", resources: &["jobs"], verbs: &["get", "list", "watch", "create"] },
+    Permission { group: "batch", resources: &["jobs"], verbs: &["get", "list", "watch", "create", "patch"] },
     Permission {
         group: "policy",
         resources: &["poddisruptionbudgets"],
@@ -68,34 +74,55 @@ pub const RBAC: &[Permission] = &[
     },
 ];
 
-/// Runs the MyDatabase controller until `shutdown` resolves; calls `on_synced`
-/// once the MyDatabase cache is filled.
-pub async fn run(
-    ctx: Arc<Context>,
-    namespace: Option<&str>,
-    concurrency: u16,
-    on_synced: impl FnOnce() + Send + 'static,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
-    let client = ctx.client.clone();
-    let owned = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
-    let backup_jobs =
-        watcher::Config::default().labels(&format!("{MANAGED_BY_SELECTOR},app.kubernetes.io/component=backup"));
-    let controller = Controller::new(scoped_api::<MyDatabase>(&client, namespace), watcher::Config::default())
-        .owns(scoped_api::<StatefulSet>(&client, namespace), owned.clone())
-        .owns(scoped_api::<Service>(&client, namespace), owned.clone())
-        .owns(scoped_api::<Secret>(&client, namespace), owned.clone())
-        .owns(scoped_api::<ConfigMap>(&client, namespace), owned.clone())
-        .owns(scoped_api::<CronJob>(&client, namespace), owned.clone())
-        .owns(scoped_api::<PodDisruptionBudget>(&client, namespace), owned)
-        // Backup Jobs belong to the CronJob, not to us: map them by label.
-        .watches(scoped_api::<Job>(&client, namespace), backup_jobs, |job: Job| {
-            let cluster = job.labels().get(names::CLUSTER_LABEL)?.clone();
-            Some(ObjectRef::<MyDatabase>::new(&cluster).within(&job.namespace()?))
-        })
+/// The MyDatabase a labelled object (a backup Job, a pod, a volume) belongs to.
+fn owning_database<K: kube::Resource>(object: K) -> Option<ObjectRef<MyDatabase>> {
+    let cluster = object.labels().get(names::CLUSTER_LABEL)?.clone();
+    Some(ObjectRef::<MyDatabase>::new(&cluster).within(&object.namespace()?))
+}
+
+/// Runs the MyDatabase controller until shutdown.
+pub async fn run(params: RunParams) {
+    let RunParams { ctx, namespace, concurrency, on_synced, shutdown } = params;
+    let namespace = namespace.as_deref();
+    let client = &ctx.client;
+    let managed = meta::managed_selector();
+    let of_component = |component: &str| format!("{managed},app.kubernetes.io/component={component}");
+    let (statefulsets, statefulset_events) = cache::watch(scoped_api::<StatefulSet>(client, namespace), &managed);
+    let (services, service_events) = cache::watch(scoped_api::<Service>(client, namespace), &managed);
+    let (secrets, secret_events) = cache::watch(scoped_api::<Secret>(client, namespace), &managed);
+    let (config_maps, config_map_events) = cache::watch(scoped_api::<ConfigMap>(client, namespace), &managed);
+    let (cron_jobs, cron_job_events) = cache::watch(scoped_api::<CronJob>(client, namespace), &managed);
+    let (disruption_budgets, disruption_budget_events) =
+        cache::watch(scoped_api::<PodDisruptionBudget>(client, namespace), &managed);
+    // Backup Jobs, database pods and volumes belong to the CronJob, the
+    // StatefulSet or no one: mapped to their MyDatabase by label.
+    let (jobs, job_events) = cache::watch(scoped_api::<Job>(client, namespace), &of_component("backup"));
+    let (pods, pod_events) = cache::watch(scoped_api::<Pod>(client, namespace), &of_component("database"));
+    let (claims, claim_events) = cache::watch(scoped_api::<PersistentVolumeClaim>(client, namespace), &managed);
+    let controller = Controller::new(scoped_api::<MyDatabase>(client, namespace), watcher::Config::default())
+        .owns_stream(statefulset_events)
+        .owns_stream(service_events)
+        .owns_stream(secret_events)
+        .owns_stream(config_map_events)
+        .owns_stream(cron_job_events)
+        .owns_stream(disruption_budget_events)
+        .watches_stream(job_events, owning_database)
+        .watches_stream(pod_events, owning_database)
+        .watches_stream(claim_events, owning_database)
         .with_config(controller::Config::default().concurrency(concurrency))
-        .graceful_shutdown_on(shutdown);
-    drive(controller, reconcile::CONTROLLER, reconcile::reconcile, ctx, on_synced).await;
+        .graceful_shutdown_on(stopped(shutdown));
+    let caches = observed::Caches {
+        statefulsets,
+        services,
+        secrets,
+        config_maps,
+        cron_jobs,
+        disruption_budgets,
+        jobs,
+        claims,
+        pods,
+    };
+    drive(controller, Arc::new(reconcile::MyDatabaseReconciler { ctx, caches }), on_synced).await;
 }
 
 #[cfg(test)]

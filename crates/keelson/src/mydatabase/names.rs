@@ -3,11 +3,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 
+use crate::Result;
 use crate::api::MyDatabase;
-use crate::runtime::recommended_labels;
-use crate::{Error, Result};
+use crate::runtime::meta;
 
 pub const CLUSTER_LABEL: &str = "keelson.dev/cluster";
 pub const ROLE_LABEL: &str = "keelson.dev/role";
@@ -50,7 +50,7 @@ pub fn primary_host(db: &MyDatabase) -> String {
 
 /// Labels on every object of `db`, for `component` (database, backup, ...).
 pub fn labels(db: &MyDatabase, component: &str) -> BTreeMap<String, String> {
-    let mut labels = recommended_labels("postgresql", component, &db.name_any());
+    let mut labels = meta::recommended_labels("postgresql", component, &db.name_any());
     labels.insert(CLUSTER_LABEL.into(), db.name_any());
     labels
 }
@@ -63,18 +63,10 @@ pub fn pod_selector(db: &MyDatabase) -> BTreeMap<String, String> {
 
 /// Metadata owned by `db` (garbage-collected with it).
 pub fn owned_meta(db: &MyDatabase, name: String, component: &str) -> Result<ObjectMeta> {
-    let owner = db
-        .controller_owner_ref(&())
-        .ok_or_else(|| Error::MissingMetadata(format!("MyDatabase {} has no uid yet", db.name_any())))?;
-    Ok(ObjectMeta { owner_references: Some(vec![owner]), ..unowned_meta(db, name, component) })
+    meta::owned(db, name, labels(db, component))
 }
 
 /// Metadata of objects that must outlive `db` under some deletion policies.
 pub fn unowned_meta(db: &MyDatabase, name: String, component: &str) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name),
-        namespace: db.namespace(),
-        labels: Some(labels(db, component)),
-        ..Default::default()
-    }
+    meta::unowned(db, name, labels(db, component))
 }

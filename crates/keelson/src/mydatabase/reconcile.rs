@@ -1,283 +1,494 @@
-//! One MyDatabase reconcile, as a pipeline: finalizer → validate → build the
-//! desired children → apply those that differ → label pod roles → compute
-//! status from the StatefulSet and backup Jobs → write it if it changed.
+//! One MyDatabase reconcile, stage by stage (see `runtime::pipeline`): read
+//! from the caches → validate what the schema cannot → build every child →
+//! apply them in order (configuration, then the StatefulSet, then what
+//! depends on it) → status from the StatefulSet and the backup Jobs.
+//! Deletion runs `deletion::clean_up` under the finalizer.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::controller::Action;
+use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{self, finalizer};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::validation::{self, Invalid};
-use super::{backup, credentials, deletion, names, pdb, scripts, services, statefulset, status};
+use super::observed::{self, Caches, Observed};
+use super::statefulset::StorageChange;
+use super::{backup, credentials, deletion, names, pdb, scripts, services, statefulset, status, validation};
+use crate::Result;
 use crate::api::mydatabase::{MyDatabase, MyDatabaseStatus};
-use crate::runtime::controller::report_child_change;
-use crate::runtime::metrics::ChildWriteLabels;
-use crate::runtime::{Context, Current, apply_child};
-use crate::{Error, Result};
+use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler};
 
 pub const CONTROLLER: &str = "mydatabase";
 pub const FINALIZER: &str = "db.keelson.dev/cleanup";
-const RESYNC: Duration = Duration::from_secs(3600);
 
-pub fn namespace_of(db: &MyDatabase) -> Result<String> {
-    db.namespace().ok_or_else(|| Error::MissingMetadata(format!("MyDatabase {} has no namespace", db.name_any())))
+pub struct MyDatabaseReconciler {
+    pub ctx: Arc<Context>,
+    pub caches: Caches,
 }
 
-pub async fn reconcile(db: Arc<MyDatabase>, ctx: Arc<Context>) -> Result<Action> {
-    let namespace = namespace_of(&db)?;
-    let api: Api<MyDatabase> = Api::namespaced(ctx.client.clone(), &namespace);
-    finalizer(&api, FINALIZER, db, |event| async {
-        match event {
-            finalizer::Event::Apply(db) => apply_spec(db, ctx.clone()).await,
-            finalizer::Event::Cleanup(db) => deletion::cleanup(db, ctx.clone()).await,
-        }
-    })
-    .await
-    .map_err(|error| match error {
-        finalizer::Error::ApplyFailed(error) | finalizer::Error::CleanupFailed(error) => error,
-        other => Error::Finalizer(other.to_string()),
-    })
+/// Every child the spec asks for; None where an optional one is switched off.
+pub struct Desired {
+    credentials: Secret,
+    scripts: ConfigMap,
+    services: [Service; 3],
+    backups_claim: Option<PersistentVolumeClaim>,
+    statefulset: StatefulSet,
+    disruption_budget: Option<PodDisruptionBudget>,
+    backup_cron_job: Option<CronJob>,
 }
 
-/// Applies `desired` and reports what changed; returns the object as the API server has it.
-async fn apply_and_report<K>(
-    ctx: &Context,
-    db: &MyDatabase,
-    api: &Api<K>,
-    desired: K,
-    current: Current<'_, K>,
-    failure: &mut Option<Error>,
-) -> Option<K>
-where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned + 'static,
-{
-    let name = desired.meta().name.clone().unwrap_or_default();
-    let reconciled_before = db.status.as_ref().and_then(|s| s.observed_generation).is_some();
-    match apply_child(api, desired, current, &ctx.metrics).await {
-        Ok((applied, change)) => {
-            report_child_change::<K>(ctx, &db.object_ref(&()), &name, &change, reconciled_before).await;
-            Some(applied)
-        }
-        Err(error) => {
-            failure.get_or_insert(error);
-            None
-        }
-    }
-}
+impl Reconciler for MyDatabaseReconciler {
+    type Object = MyDatabase;
+    type Observed = Observed;
+    type Desired = Desired;
+    type Status = MyDatabaseStatus;
+    const CONTROLLER: &'static str = CONTROLLER;
+    const FINALIZER: Option<&'static str> = Some(FINALIZER);
 
-async fn apply_spec(db: Arc<MyDatabase>, ctx: Arc<Context>) -> Result<Action> {
-    let namespace = namespace_of(&db)?;
-    let client = ctx.client.clone();
-
-    if let Err(invalid) = validation::validate(&db.spec) {
-        return report_invalid(&db, &namespace, &invalid, &ctx).await;
+    fn context(&self) -> &Context {
+        &self.ctx
     }
 
-    let mut failure: Option<Error> = None;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let existing_secret = secrets.get_opt(&names::credentials(&db)).await;
-    ctx.metrics.api_request("get", &existing_secret);
-    let existing_secret = existing_secret.map_err(Error::kube("get credentials Secret"))?;
-    let passwords = credentials::passwords(existing_secret.as_ref());
-    let secret = credentials::build(&db, &passwords)?;
-    apply_and_report(&ctx, &db, &secrets, secret, Current::Read(existing_secret), &mut failure).await;
-    apply_and_report(
-        &ctx,
-        &db,
-        &Api::<ConfigMap>::namespaced(client.clone(), &namespace),
-        scripts::build(&db)?,
-        Current::Unknown,
-        &mut failure,
-    )
-    .await;
-    let service_api: Api<Service> = Api::namespaced(client.clone(), &namespace);
-    for service in services::build(&db)? {
-        apply_and_report(&ctx, &db, &service_api, service, Current::Unknown, &mut failure).await;
+    async fn read(&self, db: &MyDatabase) -> Result<Observed> {
+        observed::read(db, &self.caches, &self.ctx.client).await
     }
 
-    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
-    let existing_sts = grow_storage_if_needed(&db, &namespace, &sets, &ctx).await?;
-    let desired_sts = statefulset::build(&db)?;
-    let observed_sts = apply_and_report(&ctx, &db, &sets, desired_sts, Current::Read(existing_sts), &mut failure).await;
-
-    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &namespace);
-    match pdb::build(&db)? {
-        Some(budget) => {
-            apply_and_report(&ctx, &db, &budgets, budget, Current::Unknown, &mut failure).await;
-        }
-        None => delete_if_present(&budgets, &names::statefulset(&db), &ctx).await?,
+    fn validate(db: &MyDatabase, _observed: &Observed) -> Result<(), Invalid> {
+        validation::validate(&db.spec)
     }
 
-    let cronjobs: Api<CronJob> = Api::namespaced(client.clone(), &namespace);
-    let backup_scheduled = match backup::cronjob(&db)? {
-        Some(cronjob) => {
-            let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
-            apply_and_report(&ctx, &db, &pvcs, backup::volume_claim(&db), Current::Unknown, &mut failure).await;
-            apply_and_report(&ctx, &db, &cronjobs, cronjob, Current::Unknown, &mut failure).await.is_some()
-        }
-        None => {
-            delete_if_present(&cronjobs, &names::backup_cronjob(&db), &ctx).await?;
-            false
-        }
-    };
-
-    if let Err(error) = label_pod_roles(&db, &namespace, &ctx).await {
-        failure.get_or_insert(error);
+    fn build(db: &MyDatabase, observed: &Observed) -> Result<Desired> {
+        let passwords = credentials::passwords(observed.credentials.as_ref());
+        let backups_claim = db.spec.backup.is_some().then(|| backup::volume_claim(db));
+        Ok(Desired {
+            credentials: credentials::build(db, &passwords)?,
+            scripts: scripts::build(db)?,
+            services: services::build(db)?,
+            backups_claim,
+            statefulset: statefulset::build(db)?,
+            disruption_budget: pdb::build(db)?,
+            backup_cron_job: backup::cronjob(db)?,
+        })
     }
 
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
-    let selector = format!("{}={},app.kubernetes.io/component=backup", names::CLUSTER_LABEL, db.name_any());
-    let backup_jobs = jobs.list(&ListParams::default().labels(&selector)).await;
-    ctx.metrics.api_request("list", &backup_jobs);
-    let backup_jobs = backup_jobs.map_err(Error::kube("list backup Jobs"))?;
-    let backups = status::observe_backups(&backup_jobs.items);
+    async fn apply(&self, db: &MyDatabase, observed: Observed, desired: Desired, applier: &Applier<'_>) -> Observed {
+        let caches = &self.caches;
+        let name = names::statefulset(db);
+        let credentials = applier.apply(&caches.secrets, desired.credentials).await;
+        applier.apply(&caches.config_maps, desired.scripts).await;
+        for service in desired.services {
+            applier.apply(&caches.services, service).await;
+        }
+        let backups_claim = match desired.backups_claim {
+            Some(claim) => applier.apply(&caches.claims, claim).await,
+            None => observed.backups_claim.clone(),
+        };
+        let statefulset = match statefulset::storage_change(db, observed.statefulset.as_ref()) {
+            StorageChange::None => applier.apply(&caches.statefulsets, desired.statefulset).await,
+            StorageChange::Recreating => {
+                applier.wait(format!("StatefulSet {name} to be recreated with the new storage size"));
+                observed.statefulset.clone()
+            }
+            StorageChange::Grow { from } => {
+                self.grow_storage(db, &observed, &from, applier).await;
+                observed.statefulset.clone()
+            }
+        };
+        applier.apply_optional(&caches.disruption_budgets, &name, desired.disruption_budget).await;
+        let backup_cron_job =
+            applier.apply_optional(&caches.cron_jobs, &names::backup_cronjob(db), desired.backup_cron_job).await;
+        label_pod_roles(&observed.pods, applier).await;
+        Observed { credentials, statefulset, backups_claim, backup_cron_job, ..observed }
+    }
 
-    let observed = status::Observed {
-        statefulset: observed_sts.as_ref(),
-        backups,
-        backup_scheduled,
-        failure: failure.as_ref().map(ToString::to_string),
-        ..Default::default()
-    };
-    let new_status = status::compute(&db, &observed, &crate::runtime::status::now());
-    announce_backup_failure(&db, &new_status, &ctx).await;
-    write_status_if_changed(&db, new_status, &ctx).await?;
-    match failure {
-        Some(error) => Err(error),
-        None => Ok(Action::requeue(RESYNC)),
+    fn status(db: &MyDatabase, observed: &Observed, outcome: &Outcome) -> MyDatabaseStatus {
+        status::compute(db, observed, outcome, &crate::runtime::status::now())
+    }
+
+    fn current_status(db: &MyDatabase) -> Option<&MyDatabaseStatus> {
+        db.status.as_ref()
+    }
+
+    /// Logs phase changes; publishes BackupFailed once per failed Job.
+    async fn announce(&self, db: &MyDatabase, new: &MyDatabaseStatus, _outcome: &Outcome) {
+        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        if db.status.as_ref().and_then(|s| s.phase) != new.phase {
+            tracing::info!(namespace, name, phase = ?new.phase, ready = new.ready_replicas, "MyDatabase phase changed");
+        }
+        let failed_backup = |status: Option<&MyDatabaseStatus>| {
+            status?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "LastBackupSucceeded" && c.status == "False")
+                .map(|c| c.message.clone())
+        };
+        if let Some(message) = failed_backup(Some(new))
+            && failed_backup(db.status.as_ref()).as_ref() != Some(&message)
+        {
+            tracing::warn!(namespace, name, "{message}");
+            self.ctx.event(&db.object_ref(&()), EventType::Warning, "BackupFailed", "Backup", message).await;
+        }
+    }
+
+    async fn clean_up(&self, db: &MyDatabase, observed: &Observed, applier: &Applier<'_>) {
+        deletion::clean_up(db, observed, &self.caches, &self.ctx, applier).await;
     }
 }
 
-/// What only the reconciler can reject: a condition naming the field, an
-/// Event, and no requeue until the spec changes (no hot loop).
-async fn report_invalid(db: &MyDatabase, namespace: &str, invalid: &Invalid, ctx: &Context) -> Result<Action> {
-    let observed = status::Observed { invalid: Some(invalid), ..Default::default() };
-    let new_status = status::compute(db, &observed, &crate::runtime::status::now());
-    if db.status.as_ref() != Some(&new_status) {
-        tracing::warn!(namespace, name = %db.name_any(), field = invalid.field, "invalid spec: {}", invalid.message);
-        let note = invalid.message.clone();
-        ctx.event(&db.object_ref(&()), EventType::Warning, "InvalidSpec", "Validate", note).await;
-    }
-    write_status_if_changed(db, new_status, ctx).await?;
-    Ok(Action::await_change())
-}
-
-/// A StatefulSet's claim templates cannot change, so growing storage means:
-/// expand each existing data PVC, then recreate the StatefulSet without
-/// touching its pods (orphan delete); the next reconcile applies the new one.
-/// Returns the StatefulSet as it is when nothing needs to grow.
-async fn grow_storage_if_needed(
-    db: &MyDatabase,
-    namespace: &str,
-    sets: &Api<StatefulSet>,
-    ctx: &Context,
-) -> Result<Option<StatefulSet>> {
-    let existing = sets.get_opt(&names::statefulset(db)).await;
-    ctx.metrics.api_request("get", &existing);
-    let Some(existing) = existing.map_err(Error::kube("get StatefulSet"))? else { return Ok(None) };
-    if existing.metadata.deletion_timestamp.is_some() {
-        return Err(Error::Waiting(format!("StatefulSet {namespace}/{} to be recreated", existing.name_any())));
-    }
-    let Some(current) = statefulset::template_storage(&existing) else { return Ok(Some(existing)) };
-    let grows = match (
-        crate::runtime::drift::parse_quantity(&current),
-        crate::runtime::drift::parse_quantity(&db.spec.storage),
-    ) {
-        (Some(have), Some(want)) => want > have,
-        _ => false,
-    };
-    if !grows {
-        return Ok(Some(existing));
-    }
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    let selector = format!("{}={},app.kubernetes.io/component=database", names::CLUSTER_LABEL, db.name_any());
-    let claims = pvcs.list(&ListParams::default().labels(&selector)).await;
-    ctx.metrics.api_request("list", &claims);
-    for claim in claims.map_err(Error::kube("list data PVCs"))?.items {
+impl MyDatabaseReconciler {
+    /// A StatefulSet's claim templates cannot change, so growing storage
+    /// means: expand each data PVC, then delete the StatefulSet without its
+    /// pods (orphan); the next reconcile creates it with the new template.
+    async fn grow_storage(&self, db: &MyDatabase, observed: &Observed, from: &str, applier: &Applier<'_>) {
         let patch = json!({"spec": {"resources": {"requests": {"storage": db.spec.storage}}}});
-        let result = pvcs.patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
-        ctx.metrics.api_request("patch", &result);
-        result.map_err(Error::kube(format!("expand PVC {}", claim.name_any())))?;
-    }
-    let deleted = sets.delete(&existing.name_any(), &DeleteParams::orphan()).await;
-    ctx.metrics.api_request("delete", &deleted);
-    deleted.map_err(Error::kube("recreate StatefulSet"))?;
-    let note = format!(
-        "storage {current} → {}: expanded the data PVCs; recreating the StatefulSet (pods keep running)",
-        db.spec.storage
-    );
-    tracing::info!(namespace, name = %db.name_any(), "{note}");
-    ctx.event(&db.object_ref(&()), EventType::Normal, "StorageExpanding", "Expand", note).await;
-    Err(Error::Waiting(format!("StatefulSet {namespace}/{} to be recreated", existing.name_any())))
-}
-
-async fn delete_if_present<K>(api: &Api<K>, name: &str, ctx: &Context) -> Result<()>
-where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
-    let exists = api.get_metadata_opt(name).await;
-    ctx.metrics.api_request("get", &exists);
-    if exists.map_err(Error::kube(format!("get {} {name}", K::kind(&()))))?.is_none() {
-        return Ok(());
-    }
-    let result = api.delete(name, &DeleteParams::background()).await;
-    ctx.metrics.api_request("delete", &result);
-    match result {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(error) => Err(Error::Kube { action: format!("delete {} {name}", K::kind(&())), source: error }),
+        for claim in &observed.data_claims {
+            applier.merge_patch::<PersistentVolumeClaim>(&claim.name_any(), &patch, "expand").await;
+        }
+        let Some(existing) = &observed.statefulset else { return };
+        if !applier.failures().is_empty() {
+            return;
+        }
+        // The uid precondition keeps a stale cache from deleting a StatefulSet already recreated.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions { uid: existing.uid(), resource_version: None }),
+            ..DeleteParams::orphan()
+        };
+        if applier.delete::<StatefulSet>(&existing.name_any(), &params).await {
+            let note = format!(
+                "storage {from} → {}: expanded the data PVCs; recreating the StatefulSet (pods keep running)",
+                db.spec.storage
+            );
+            tracing::info!(namespace = %db.namespace().unwrap_or_default(), name = %db.name_any(), "{note}");
+            self.ctx.event(&db.object_ref(&()), EventType::Normal, "StorageExpanding", "Expand", note).await;
+            applier.wait(format!("StatefulSet {} to be recreated with the new storage size", existing.name_any()));
+        }
     }
 }
 
 /// Keeps `keelson.dev/role` on each pod so `-rw` and `-ro` select the right ones.
-async fn label_pod_roles(db: &MyDatabase, namespace: &str, ctx: &Context) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let selector = format!("{}={},app.kubernetes.io/component=database", names::CLUSTER_LABEL, db.name_any());
-    let list = pods.list_metadata(&ListParams::default().labels(&selector)).await;
-    ctx.metrics.api_request("list", &list);
-    for pod in list.map_err(Error::kube("list database pods"))?.items {
+async fn label_pod_roles(pods: &[Pod], applier: &Applier<'_>) {
+    for pod in pods {
         let role = services::role_of_pod(&pod.name_any());
         if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role) {
             continue;
         }
         let patch = json!({"metadata": {"labels": {names::ROLE_LABEL: role}}});
-        let result = pods.patch_metadata(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
-        ctx.metrics.api_request("patch", &result);
-        result.map_err(Error::kube(format!("label pod {}", pod.name_any())))?;
-        ctx.metrics.child_writes.get_or_create(&ChildWriteLabels { kind: "Pod".into(), action: "label" }).inc();
-        tracing::info!(namespace, name = %db.name_any(), pod = %pod.name_any(), role, "labelled pod role");
-    }
-    Ok(())
-}
-
-/// Publishes BackupFailed once per failed Job (when the condition's message changes).
-async fn announce_backup_failure(db: &MyDatabase, new_status: &MyDatabaseStatus, ctx: &Context) {
-    let find = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
-        conditions.iter().find(|c| c.type_ == "LastBackupSucceeded" && c.status == "False").map(|c| c.message.clone())
-    };
-    let Some(message) = find(&new_status.conditions) else { return };
-    let before = db.status.as_ref().and_then(|s| find(&s.conditions));
-    if before.as_ref() != Some(&message) {
-        tracing::warn!(name = %db.name_any(), "{message}");
-        ctx.event(&db.object_ref(&()), EventType::Warning, "BackupFailed", "Backup", message).await;
+        if applier.merge_patch::<Pod>(&pod.name_any(), &patch, "label").await {
+            tracing::info!(namespace = ?pod.namespace(), pod = %pod.name_any(), role, "labelled pod role");
+        }
     }
 }
 
-pub async fn write_status_if_changed(db: &MyDatabase, new_status: MyDatabaseStatus, ctx: &Context) -> Result<()> {
-    if crate::runtime::status::write_if_changed(ctx, CONTROLLER, db, db.status.as_ref(), &new_status).await?
-        && db.status.as_ref().and_then(|s| s.phase) != new_status.phase
-    {
-        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
-        tracing::info!(namespace, name, phase = ?new_status.phase, ready = new_status.ready_replicas, "MyDatabase phase changed");
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::runtime::controller::Action;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::api::mydatabase::DeletionPolicy;
+    use crate::mydatabase::credentials::Passwords;
+    use crate::mydatabase::tests::sample;
+    use crate::runtime::drift::stamp_desired_hash;
+    use crate::runtime::fake_api::{FakeApi, cache};
+    use crate::runtime::outcome::{RESYNC, WAIT_POLL};
+    use crate::runtime::{Metrics, pipeline};
+
+    /// The tutorial's MyDatabase once its finalizer is in place.
+    fn held() -> MyDatabase {
+        let mut db = sample();
+        db.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        db
     }
-    Ok(())
+
+    fn deleted(policy: DeletionPolicy) -> MyDatabase {
+        let mut db = held();
+        db.spec.deletion_policy = policy;
+        db.metadata.deletion_timestamp = Some(crate::runtime::status::now());
+        db
+    }
+
+    #[derive(Default)]
+    struct Cached {
+        statefulsets: Vec<StatefulSet>,
+        secrets: Vec<Secret>,
+        cron_jobs: Vec<CronJob>,
+        disruption_budgets: Vec<PodDisruptionBudget>,
+        jobs: Vec<Job>,
+        claims: Vec<PersistentVolumeClaim>,
+    }
+
+    fn reconciler(client: kube::Client, cached: Cached) -> Arc<MyDatabaseReconciler> {
+        let caches = Caches {
+            statefulsets: cache(cached.statefulsets),
+            services: cache(vec![]),
+            secrets: cache(cached.secrets),
+            config_maps: cache(vec![]),
+            cron_jobs: cache(cached.cron_jobs),
+            disruption_budgets: cache(cached.disruption_budgets),
+            jobs: cache(cached.jobs),
+            claims: cache(cached.claims),
+            pods: cache(vec![]),
+        };
+        Arc::new(MyDatabaseReconciler { ctx: Context::new(client, Arc::new(Metrics::default())), caches })
+    }
+
+    fn stamped<K: kube::Resource + serde::Serialize>(mut object: K) -> K {
+        stamp_desired_hash(&mut object).expect("stamps");
+        object
+    }
+
+    fn credentials(db: &MyDatabase) -> Secret {
+        let passwords = Passwords { app: "kept-app-password".into(), replication: "kept-replication".into() };
+        stamped(credentials::build(db, &passwords).expect("builds"))
+    }
+
+    fn data_claim(ordinal: u32) -> PersistentVolumeClaim {
+        let db = sample();
+        let mut claim = backup::volume_claim(&db);
+        claim.metadata.name = Some(format!("data-production-db-{ordinal}"));
+        claim.metadata.labels = Some(names::labels(&db, "database"));
+        claim
+    }
+
+    fn finished_job(name: &str, condition: &str) -> Job {
+        let db = sample();
+        let mut job = Job { metadata: names::unowned_meta(&db, name.into(), "backup"), ..Default::default() };
+        let time = Some(crate::runtime::status::now());
+        job.status = Some(JobStatus {
+            completion_time: (condition == "Complete").then(|| time.clone()).flatten(),
+            conditions: Some(vec![JobCondition {
+                type_: condition.into(),
+                status: "True".into(),
+                last_transition_time: time,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        job
+    }
+
+    fn condition(status: &Value, type_: &str) -> Value {
+        let conditions = status["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        conditions.into_iter().find(|c| c["type"] == type_).unwrap_or(Value::Null)
+    }
+
+    fn finalizer_removed(api: &FakeApi) -> bool {
+        api.requests().iter().any(|r| {
+            r.content_type.starts_with("application/json-patch")
+                && r.body.to_string().contains("\"remove\"")
+                && r.path.ends_with("/mydatabases/production-db")
+        })
+    }
+
+    fn deletes(api: &FakeApi) -> Vec<String> {
+        api.requests().into_iter().filter(|r| r.method == "DELETE").map(|r| r.target().to_string()).collect()
+    }
+
+    #[tokio::test]
+    async fn reconcile_creates_every_child_in_the_declared_order() {
+        let db = held();
+        let (api, client) = FakeApi::new(&db);
+        let action = pipeline::reconcile(Arc::new(db), reconciler(client, Cached::default())).await;
+        assert_eq!(action.ok(), Some(Action::requeue(RESYNC)));
+        assert_eq!(
+            api.applies(),
+            [
+                "secrets/production-db-credentials",
+                "configmaps/production-db-scripts",
+                "services/production-db-headless",
+                "services/production-db-rw",
+                "services/production-db-ro",
+                "persistentvolumeclaims/production-db-backups",
+                "statefulsets/production-db",
+                "poddisruptionbudgets/production-db",
+                "cronjobs/production-db-backup",
+            ]
+        );
+        let secret = api.requests().into_iter().find(|r| r.is_apply()).expect("secret");
+        assert_eq!(secret.body["data"]["password"].as_str().map(str::len), Some(44), "32 random bytes, base64");
+        let status = api.status_writes();
+        assert_eq!(status.len(), 1);
+        assert_eq!(status[0].body["status"]["phase"], "Creating");
+    }
+
+    #[tokio::test]
+    async fn reconcile_adds_the_finalizer_before_anything_else() {
+        let db = sample();
+        let (api, client) = FakeApi::new(&db);
+        pipeline::reconcile(Arc::new(db), reconciler(client, Cached::default())).await.expect("reconciles");
+        let first_write = api.writes().into_iter().next().expect("a write");
+        assert!(first_write.content_type.starts_with("application/json-patch"), "{first_write:?}");
+        assert!(first_write.body.to_string().contains(FINALIZER));
+    }
+
+    #[tokio::test]
+    async fn reconcile_keeps_existing_passwords() {
+        let db = held();
+        let secret = credentials(&db);
+        let (api, client) = FakeApi::new(&db);
+        let cached = Cached { secrets: vec![secret], ..Default::default() };
+        pipeline::reconcile(Arc::new(db), reconciler(client, cached)).await.expect("reconciles");
+        assert!(
+            !api.applies().iter().any(|a| a.starts_with("secrets/")),
+            "the Secret was rewritten: {:?}",
+            api.applies()
+        );
+    }
+
+    #[tokio::test]
+    async fn reconcile_reports_an_invalid_spec_without_touching_children() {
+        let mut db = held();
+        if let Some(backup) = db.spec.backup.as_mut() {
+            backup.schedule = "61 2 * * *".into();
+        }
+        let (api, client) = FakeApi::new(&db);
+        let action = pipeline::reconcile(Arc::new(db), reconciler(client, Cached::default())).await;
+        assert_eq!(action.ok(), Some(Action::await_change()), "an invalid spec waits for a change, no requeue");
+        assert!(api.applies().is_empty(), "{:?}", api.applies());
+        let status = api.status_writes();
+        assert_eq!(status.len(), 1);
+        assert_eq!(status[0].body["status"]["phase"], "Failed");
+        let spec_valid = condition(&status[0].body, "SpecValid");
+        assert_eq!(
+            (spec_valid["status"].as_str(), spec_valid["reason"].as_str()),
+            (Some("False"), Some("InvalidSchedule"))
+        );
+        assert!(spec_valid["message"].as_str().unwrap_or_default().contains("spec.backup.schedule"));
+    }
+
+    #[tokio::test]
+    async fn reconcile_records_a_refused_statefulset_and_applies_the_rest() {
+        let db = held();
+        let (api, client) = FakeApi::new(&db);
+        api.refuse("PATCH", "/statefulsets/production-db", 422, "Invalid", "spec.template: Invalid value");
+        let result = pipeline::reconcile(Arc::new(db), reconciler(client, Cached::default())).await;
+        assert!(matches!(result, Err(crate::Error::ChildrenFailed { .. })), "{result:?}");
+        assert!(api.applies().contains(&"cronjobs/production-db-backup".to_string()), "later children still applied");
+        let status = api.status_writes();
+        assert_eq!(status.len(), 1, "status is written even when a child fails");
+        assert_eq!(status[0].body["status"]["ready"], false);
+        let ready = condition(&status[0].body, "Ready");
+        assert_eq!(ready["reason"], "ReconcileFailed");
+        assert!(ready["message"].as_str().unwrap_or_default().contains("StatefulSet production-db"));
+    }
+
+    #[tokio::test]
+    async fn reconcile_waits_for_a_storage_change_without_an_error() {
+        let mut db = held();
+        let mut existing = stamped(statefulset::build(&db).expect("builds"));
+        existing.metadata.uid = Some("old-sts".into());
+        db.spec.storage = "200Gi".into();
+        let (api, client) = FakeApi::new(&db);
+        let cached =
+            Cached { statefulsets: vec![existing], claims: vec![data_claim(0), data_claim(1)], ..Default::default() };
+        let reconciler = reconciler(client, cached);
+        let action = pipeline::reconcile(Arc::new(db), reconciler.clone()).await;
+        assert_eq!(action.ok(), Some(Action::requeue(WAIT_POLL)), "a wait is a requeue, not an error");
+        let expanded: Vec<_> =
+            api.requests().into_iter().filter(|r| r.method == "PATCH" && r.content_type.contains("merge")).collect();
+        assert!(expanded.iter().any(|r| r.target() == "data-production-db-1" && r.body.to_string().contains("200Gi")));
+        let delete = api.requests().into_iter().find(|r| r.method == "DELETE").expect("the StatefulSet is recreated");
+        assert_eq!(delete.target(), "production-db");
+        assert_eq!(delete.body["propagationPolicy"], "Orphan");
+        assert_eq!(delete.body["preconditions"]["uid"], "old-sts");
+        assert!(!reconciler.ctx.metrics.render().contains("keelson_reconcile_errors_total{"));
+    }
+
+    #[tokio::test]
+    async fn reconcile_removes_children_the_spec_switched_off() {
+        let db = held();
+        let mut one = held();
+        one.spec.replicas = 1;
+        one.spec.backup = None;
+        let cached = Cached {
+            cron_jobs: backup::cronjob(&db).expect("builds").into_iter().collect(),
+            disruption_budgets: pdb::build(&db).expect("builds").into_iter().collect(),
+            ..Default::default()
+        };
+        let (api, client) = FakeApi::new(&one);
+        pipeline::reconcile(Arc::new(one), reconciler(client, cached)).await.expect("reconciles");
+        let mut removed = deletes(&api);
+        removed.sort();
+        assert_eq!(removed, ["production-db", "production-db-backup"]);
+        assert!(!api.applies().iter().any(|a| a.starts_with("cronjobs/") || a.starts_with("poddisruptionbudgets/")));
+    }
+
+    #[tokio::test]
+    async fn reconcile_deletion_under_retain_keeps_data_and_releases_credentials() {
+        let db = deleted(DeletionPolicy::Retain);
+        let mut secret = credentials(&db);
+        secret.metadata.owner_references = Some(vec![OwnerReference::default()]);
+        let (api, client) = FakeApi::new(&db);
+        let cached = Cached { secrets: vec![secret], claims: vec![data_claim(0)], ..Default::default() };
+        let action = pipeline::reconcile(Arc::new(db), reconciler(client, cached)).await;
+        assert_eq!(action.ok(), Some(Action::await_change()));
+        assert!(deletes(&api).is_empty(), "Retain deleted {:?}", deletes(&api));
+        let release = api.requests().into_iter().find(|r| r.path.ends_with("/secrets/production-db-credentials"));
+        assert_eq!(release.map(|r| r.body["metadata"]["ownerReferences"].clone()), Some(Value::Null));
+        assert!(finalizer_removed(&api));
+    }
+
+    #[tokio::test]
+    async fn reconcile_deletion_under_delete_removes_data_and_backups() {
+        let db = deleted(DeletionPolicy::Delete);
+        let (api, client) = FakeApi::new(&db);
+        let cached = Cached { claims: vec![data_claim(0), data_claim(1)], ..Default::default() };
+        pipeline::reconcile(Arc::new(db), reconciler(client, cached)).await.expect("reconciles");
+        let mut removed = deletes(&api);
+        removed.sort();
+        assert_eq!(removed, ["data-production-db-0", "data-production-db-1", "production-db-backups"]);
+        assert!(finalizer_removed(&api));
+    }
+
+    #[tokio::test]
+    async fn reconcile_deletion_under_snapshot_backs_up_before_deleting() {
+        let db = deleted(DeletionPolicy::Snapshot);
+        let (api, client) = FakeApi::new(&db);
+        let cached = Cached { claims: vec![data_claim(0)], ..Default::default() };
+        let action = pipeline::reconcile(Arc::new(db.clone()), reconciler(client, cached)).await;
+        assert_eq!(action.ok(), Some(Action::requeue(WAIT_POLL)), "waits for the final backup");
+        assert_eq!(api.applies(), ["persistentvolumeclaims/production-db-backups", "jobs/production-db-final-backup"]);
+        let job = api.requests().into_iter().rfind(|r| r.is_apply()).expect("job");
+        assert_eq!(job.body["metadata"]["ownerReferences"][0]["kind"], "PersistentVolumeClaim");
+        assert!(deletes(&api).is_empty() && !finalizer_removed(&api));
+
+        let (api, client) = FakeApi::new(&db);
+        let cached = Cached {
+            claims: vec![data_claim(0)],
+            jobs: vec![finished_job("production-db-final-backup", "Complete")],
+            ..Default::default()
+        };
+        pipeline::reconcile(Arc::new(db), reconciler(client, cached)).await.expect("reconciles");
+        assert_eq!(deletes(&api), ["data-production-db-0"]);
+        assert!(finalizer_removed(&api));
+    }
+
+    #[tokio::test]
+    async fn reconcile_deletion_under_snapshot_keeps_data_when_no_backup_can_run() {
+        let db = deleted(DeletionPolicy::Snapshot);
+        let (api, client) = FakeApi::new(&db);
+        let terminating = "unable to create new content in namespace default because it is being terminated";
+        api.refuse("PATCH", "/persistentvolumeclaims/production-db-backups", 403, "Forbidden", terminating);
+        let cached = Cached { claims: vec![data_claim(0)], ..Default::default() };
+        pipeline::reconcile(Arc::new(db.clone()), reconciler(client, cached)).await.expect("reconciles");
+        assert!(deletes(&api).is_empty(), "data deleted without a backup");
+        assert!(finalizer_removed(&api), "a terminating namespace must not hang on the finalizer");
+
+        let (api, client) = FakeApi::new(&db);
+        let cached = Cached {
+            claims: vec![data_claim(0)],
+            jobs: vec![finished_job("production-db-final-backup", "Failed")],
+            ..Default::default()
+        };
+        pipeline::reconcile(Arc::new(db), reconciler(client, cached)).await.expect("reconciles");
+        assert!(deletes(&api).is_empty() && finalizer_removed(&api));
+    }
 }

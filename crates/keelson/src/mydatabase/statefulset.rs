@@ -5,10 +5,10 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, ExecAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm,
-    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector,
-    SecurityContext, Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
+    Affinity, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec,
+    PodTemplateSpec, Probe, SecretKeySelector, Volume, VolumeMount, VolumeResourceRequirements,
+    WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -17,34 +17,14 @@ use super::credentials::{PASSWORD_KEY, REPLICATION_PASSWORD_KEY};
 use super::names::{self, APP_DB, APP_USER, PORT};
 use crate::Result;
 use crate::api::MyDatabase;
+use crate::runtime::{drift, security};
 
 /// The official image runs as `postgres`, uid 999.
-const POSTGRES_UID: i64 = 999;
+pub const POSTGRES_UID: i64 = 999;
 const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 
 pub fn image(db: &MyDatabase) -> String {
     format!("{}:{}", db.spec.image_repository, db.spec.version)
-}
-
-pub fn pod_security_context() -> PodSecurityContext {
-    PodSecurityContext {
-        run_as_non_root: Some(true),
-        run_as_user: Some(POSTGRES_UID),
-        run_as_group: Some(POSTGRES_UID),
-        fs_group: Some(POSTGRES_UID),
-        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
-        ..Default::default()
-    }
-}
-
-pub fn container_security_context() -> SecurityContext {
-    SecurityContext {
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
-        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
-        ..Default::default()
-    }
 }
 
 pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
@@ -131,7 +111,7 @@ pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
         }]),
         readiness_probe: Some(pg_isready()),
         liveness_probe: Some(Probe { initial_delay_seconds: Some(30), failure_threshold: Some(6), ..pg_isready() }),
-        security_context: Some(container_security_context()),
+        security_context: Some(security::restricted_container()),
         volume_mounts: Some(vec![
             mount("data", DATA_MOUNT),
             mount("scripts", "/scripts"),
@@ -187,7 +167,7 @@ pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(labels), ..Default::default() }),
                 spec: Some(PodSpec {
-                    security_context: Some(pod_security_context()),
+                    security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
                     affinity: Some(Affinity { pod_anti_affinity: Some(anti_affinity), ..Default::default() }),
                     termination_grace_period_seconds: Some(30),
                     containers: vec![container],
@@ -218,6 +198,29 @@ pub fn template_storage(sts: &StatefulSet) -> Option<String> {
         .as_ref()?
         .get("storage")
         .map(|q| q.0.clone())
+}
+
+/// What growing `spec.storage` asks of an existing StatefulSet.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StorageChange {
+    /// The template already asks for the spec's size (or there is no StatefulSet).
+    None,
+    /// Claim templates are immutable: expand the PVCs from this size, then recreate the StatefulSet.
+    Grow { from: String },
+    /// The old StatefulSet is going away (orphaning its pods); the next one gets the new template.
+    Recreating,
+}
+
+pub fn storage_change(db: &MyDatabase, existing: Option<&StatefulSet>) -> StorageChange {
+    let Some(existing) = existing else { return StorageChange::None };
+    if existing.metadata.deletion_timestamp.is_some() {
+        return StorageChange::Recreating;
+    }
+    let Some(current) = template_storage(existing) else { return StorageChange::None };
+    match (drift::parse_quantity(&current), drift::parse_quantity(&db.spec.storage)) {
+        (Some(have), Some(want)) if want > have => StorageChange::Grow { from: current },
+        _ => StorageChange::None,
+    }
 }
 
 #[cfg(test)]
@@ -252,5 +255,20 @@ mod tests {
         let mut db = sample();
         db.spec.image_repository = "registry.example.com/pg".into();
         assert_eq!(image(&db), "registry.example.com/pg:15.2");
+    }
+
+    #[test]
+    fn storage_grows_by_recreating_and_never_shrinks() {
+        let mut db = sample();
+        let sts = build(&db).expect("builds");
+        assert_eq!(storage_change(&db, Some(&sts)), StorageChange::None);
+        assert_eq!(storage_change(&db, None), StorageChange::None);
+        db.spec.storage = "200Gi".into();
+        assert_eq!(storage_change(&db, Some(&sts)), StorageChange::Grow { from: "100Gi".into() });
+        db.spec.storage = "50Gi".into();
+        assert_eq!(storage_change(&db, Some(&sts)), StorageChange::None);
+        let mut going = sts;
+        going.metadata.deletion_timestamp = Some(crate::runtime::status::now());
+        assert_eq!(storage_change(&db, Some(&going)), StorageChange::Recreating);
     }
 }

@@ -1,15 +1,15 @@
 //! MyDatabase status, computed from what the cluster reports: the
 //! StatefulSet's readiness and the backup Jobs' outcomes.
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::names;
-use super::validation::Invalid;
+use super::observed::Observed;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::mydatabase::{DatabasePhase, MyDatabase, MyDatabaseStatus};
+use crate::runtime::Outcome;
 
 /// The outcome of the newest finished backup Job, and the newest success.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -48,41 +48,37 @@ pub fn observe_backups(jobs: &[Job]) -> Backups {
     }
 }
 
-/// Everything status depends on, as observed in this reconcile.
-#[derive(Default)]
-pub struct Observed<'a> {
-    pub statefulset: Option<&'a StatefulSet>,
-    pub backups: Backups,
-    pub backup_scheduled: bool,
-    pub invalid: Option<&'a Invalid>,
-    pub failure: Option<String>,
-    pub deleting: bool,
-}
-
-pub fn compute(db: &MyDatabase, observed: &Observed, now: &Time) -> MyDatabaseStatus {
+/// The status `db` should have, from what the cluster holds and what this
+/// reconcile's applier recorded. `ready` and `phase` never contradict the
+/// conditions: a refused child means not ready.
+pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Time) -> MyDatabaseStatus {
     let desired = db.spec.replicas;
     let previous = db.status.as_ref();
-    let sts_status = observed.statefulset.and_then(|s| s.status.as_ref());
-    // An invalid spec or a deletion reads no StatefulSet: keep what was last known of it.
-    let carried = observed.statefulset.is_none() && (observed.invalid.is_some() || observed.deleting);
+    let deleting = db.metadata.deletion_timestamp.is_some();
+    let invalid = outcome.invalid.as_ref();
+    let failure = outcome.failure_message();
+    let statefulset = observed.statefulset.as_ref();
+    let sts_status = statefulset.and_then(|s| s.status.as_ref());
+    // With no StatefulSet left to read while invalid or deleting, keep what was last known of it.
+    let carried = statefulset.is_none() && (invalid.is_some() || deleting);
     let ready = match (carried, previous) {
         (true, Some(previous)) => previous.ready_replicas,
         _ => sts_status.and_then(|s| s.ready_replicas).unwrap_or(0),
     };
-    let current = observed.statefulset.is_some_and(|s| {
+    let current = statefulset.is_some_and(|s| {
         let status = s.status.as_ref();
         status.and_then(|st| st.observed_generation).unwrap_or(0) >= s.metadata.generation.unwrap_or(0)
             && status.and_then(|st| st.updated_replicas).unwrap_or(0) == desired
             && status.map(|st| st.replicas).unwrap_or(0) == desired
     });
     let was_running = matches!(previous.and_then(|s| s.phase), Some(DatabasePhase::Running | DatabasePhase::Degraded));
-    let phase = if observed.deleting {
+    let phase = if deleting {
         DatabasePhase::Deleting
-    } else if observed.invalid.is_some() {
+    } else if invalid.is_some() {
         DatabasePhase::Failed
-    } else if observed.statefulset.is_none() {
+    } else if statefulset.is_none() {
         DatabasePhase::Pending
-    } else if ready == desired && current {
+    } else if ready == desired && current && failure.is_none() {
         DatabasePhase::Running
     } else if was_running {
         DatabasePhase::Degraded
@@ -91,7 +87,7 @@ pub fn compute(db: &MyDatabase, observed: &Observed, now: &Time) -> MyDatabaseSt
     };
     let is_ready = phase == DatabasePhase::Running;
 
-    let mut conditions = vec![match (observed.invalid, &observed.failure) {
+    let mut conditions = vec![match (invalid, &failure) {
         (Some(invalid), _) => DesiredCondition::new("Ready", false, invalid.reason, invalid.message.clone()),
         (None, Some(failure)) => DesiredCondition::new("Ready", false, "ReconcileFailed", failure.clone()),
         (None, None) if is_ready => {
@@ -101,11 +97,11 @@ pub fn compute(db: &MyDatabase, observed: &Observed, now: &Time) -> MyDatabaseSt
             DesiredCondition::new("Ready", false, "InstancesNotReady", format!("{ready}/{desired} instances ready"))
         }
     }];
-    conditions.push(match observed.invalid {
+    conditions.push(match invalid {
         Some(invalid) => DesiredCondition::new("SpecValid", false, invalid.reason, invalid.message.clone()),
         None => DesiredCondition::new("SpecValid", true, "Valid", ""),
     });
-    conditions.push(match (&db.spec.backup, observed.backup_scheduled) {
+    conditions.push(match (&db.spec.backup, observed.backup_cron_job.is_some()) {
         (Some(backup), true) => DesiredCondition::new(
             "BackupScheduled",
             true,
@@ -117,7 +113,8 @@ pub fn compute(db: &MyDatabase, observed: &Observed, now: &Time) -> MyDatabaseSt
         }
         (None, _) => DesiredCondition::new("BackupScheduled", false, "NoBackupConfigured", "spec.backup is not set"),
     });
-    match (&observed.backups.newest_failed, &observed.backups.last_success) {
+    let backups = observe_backups(&observed.backup_jobs);
+    match (&backups.newest_failed, &backups.last_success) {
         (Some(job), _) => conditions.push(DesiredCondition::new(
             "LastBackupSucceeded",
             false,
@@ -141,11 +138,7 @@ pub fn compute(db: &MyDatabase, observed: &Observed, now: &Time) -> MyDatabaseSt
             (true, Some(previous)) => previous.instances.clone(),
             _ => Some(format!("{ready}/{desired}")),
         },
-        last_backup_time: observed
-            .backups
-            .last_success
-            .clone()
-            .or_else(|| previous.and_then(|s| s.last_backup_time.clone())),
+        last_backup_time: backups.last_success.clone().or_else(|| previous.and_then(|s| s.last_backup_time.clone())),
         credentials_secret: Some(names::credentials(db)),
         observed_generation: db.metadata.generation,
         conditions: merge_conditions(previous_conditions, &conditions, db.metadata.generation, now),
@@ -156,8 +149,8 @@ pub fn compute(db: &MyDatabase, observed: &Observed, now: &Time) -> MyDatabaseSt
 mod tests {
     use super::*;
     use crate::mydatabase::tests::sample;
-    use k8s_openapi::api::apps::v1::StatefulSetStatus;
-    use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+    use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
+    use k8s_openapi::api::batch::v1::{CronJob, JobCondition, JobStatus};
     use k8s_openapi::jiff::Timestamp;
 
     fn at(secs: i64) -> Time {
@@ -193,15 +186,12 @@ mod tests {
         j
     }
 
-    fn observed(sts: Option<&StatefulSet>) -> Observed<'_> {
-        Observed {
-            statefulset: sts,
-            backups: Backups::default(),
-            backup_scheduled: true,
-            invalid: None,
-            failure: None,
-            deleting: false,
-        }
+    fn observed(sts: Option<&StatefulSet>) -> Observed {
+        Observed { statefulset: sts.cloned(), backup_cron_job: Some(CronJob::default()), ..Default::default() }
+    }
+
+    fn none() -> Outcome {
+        Outcome::default()
     }
 
     fn condition(status: &MyDatabaseStatus, type_: &str) -> Option<(String, String)> {
@@ -211,7 +201,7 @@ mod tests {
     #[test]
     fn all_instances_ready_is_running() {
         let s = sts(3, 3);
-        let status = compute(&sample(), &observed(Some(&s)), &at(0));
+        let status = compute(&sample(), &observed(Some(&s)), &none(), &at(0));
         assert_eq!(status.phase, Some(DatabasePhase::Running));
         assert!(status.ready);
         assert_eq!(status.instances.as_deref(), Some("3/3"));
@@ -222,21 +212,22 @@ mod tests {
     fn not_ready_is_creating_first_and_degraded_after_running() {
         let s = sts(1, 3);
         let mut db = sample();
-        assert_eq!(compute(&db, &observed(Some(&s)), &at(0)).phase, Some(DatabasePhase::Creating));
+        assert_eq!(compute(&db, &observed(Some(&s)), &none(), &at(0)).phase, Some(DatabasePhase::Creating));
         db.status = Some(MyDatabaseStatus { phase: Some(DatabasePhase::Running), ..Default::default() });
-        assert_eq!(compute(&db, &observed(Some(&s)), &at(0)).phase, Some(DatabasePhase::Degraded));
-        assert_eq!(compute(&sample(), &observed(None), &at(0)).phase, Some(DatabasePhase::Pending));
+        assert_eq!(compute(&db, &observed(Some(&s)), &none(), &at(0)).phase, Some(DatabasePhase::Degraded));
+        assert_eq!(compute(&sample(), &observed(None), &none(), &at(0)).phase, Some(DatabasePhase::Pending));
     }
 
     #[test]
     fn invalid_spec_is_failed_naming_the_field() {
-        let invalid = Invalid {
+        let invalid = crate::runtime::Invalid {
             field: "spec.backup.schedule",
             reason: "InvalidSchedule",
             message: "spec.backup.schedule: bad".into(),
         };
         let s = sts(3, 3);
-        let status = compute(&sample(), &Observed { invalid: Some(&invalid), ..observed(Some(&s)) }, &at(0));
+        let outcome = Outcome { invalid: Some(invalid), ..none() };
+        let status = compute(&sample(), &observed(Some(&s)), &outcome, &at(0));
         assert_eq!(status.phase, Some(DatabasePhase::Failed));
         assert_eq!(condition(&status, "SpecValid"), Some(("False".into(), "InvalidSchedule".into())));
         assert!(status.conditions.iter().any(|c| c.message.contains("spec.backup.schedule")));
@@ -245,29 +236,50 @@ mod tests {
     #[test]
     fn invalid_spec_and_deletion_keep_the_last_known_instances() {
         let mut db = sample();
+        db.metadata.deletion_timestamp = Some(at(5));
         db.status = Some(MyDatabaseStatus { ready_replicas: 3, instances: Some("3/3".into()), ..Default::default() });
-        let deleting = compute(&db, &Observed { deleting: true, ..Default::default() }, &at(0));
+        let deleting = compute(&db, &observed(None), &none(), &at(0));
         assert_eq!(
             (deleting.phase, deleting.ready_replicas, deleting.instances.as_deref()),
             (Some(DatabasePhase::Deleting), 3, Some("3/3"))
         );
-        let fresh = compute(&sample(), &Observed { deleting: true, ..Default::default() }, &at(0));
+        let mut fresh_db = sample();
+        fresh_db.metadata.deletion_timestamp = Some(at(5));
+        let fresh = compute(&fresh_db, &observed(None), &none(), &at(0));
         assert_eq!((fresh.ready_replicas, fresh.instances.as_deref()), (0, Some("0/3")));
     }
 
     #[test]
     fn backups_report_newest_success_and_failure() {
-        let jobs = [job("b-1", "Complete", 100), job("b-2", "Failed", 200)];
+        let jobs = vec![job("b-1", "Complete", 100), job("b-2", "Failed", 200)];
         let backups = observe_backups(&jobs);
         assert_eq!(backups.last_success, Some(at(100)));
         assert_eq!(backups.newest_failed.as_deref(), Some("b-2"));
         let s = sts(3, 3);
-        let status = compute(&sample(), &Observed { backups, ..observed(Some(&s)) }, &at(0));
+        let status = compute(&sample(), &Observed { backup_jobs: jobs, ..observed(Some(&s)) }, &none(), &at(0));
         assert_eq!(status.last_backup_time, Some(at(100)));
         assert_eq!(condition(&status, "LastBackupSucceeded"), Some(("False".into(), "BackupFailed".into())));
 
         let recovered = observe_backups(&[job("b-2", "Failed", 200), job("b-3", "Complete", 300)]);
         assert_eq!(recovered.newest_failed, None);
         assert_eq!(recovered.last_success, Some(at(300)));
+    }
+
+    #[test]
+    fn a_refused_child_is_never_ready() {
+        let s = sts(3, 3);
+        let failure = crate::runtime::outcome::ChildFailure {
+            child: "PersistentVolumeClaim production-db-backups".into(),
+            action: "apply",
+            reason: "Invalid".into(),
+            message: "must be greater than zero".into(),
+            conflict: false,
+        };
+        let outcome = Outcome { failures: vec![failure], ..none() };
+        let status = compute(&sample(), &observed(Some(&s)), &outcome, &at(0));
+        assert!(!status.ready);
+        assert_ne!(status.phase, Some(DatabasePhase::Running));
+        let (ready, reason) = condition(&status, "Ready").expect("Ready");
+        assert_eq!((ready.as_str(), reason.as_str()), ("False", "ReconcileFailed"));
     }
 }

@@ -1,14 +1,7 @@
 //! What only the reconciler can check; the schema and CEL rules catch the rest.
 
 use crate::api::mydatabase::{MyDatabaseSpec, SUPPORTED_MAJORS};
-
-/// A spec problem, naming the field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Invalid {
-    pub field: &'static str,
-    pub reason: &'static str,
-    pub message: String,
-}
+use crate::runtime::Invalid;
 
 /// Checks the spec; the first problem found is returned.
 pub fn validate(spec: &MyDatabaseSpec) -> Result<(), Invalid> {
@@ -101,21 +94,6 @@ fn validate_field(field: &str, min: u32, max: u32, names: &[&str], name_base: u3
     Ok(())
 }
 
-/// Seconds in a retention such as `7d` (the schema guarantees the shape).
-pub fn retention_seconds(retention: &str) -> Option<u64> {
-    let (number, unit) = retention.split_at(retention.len().checked_sub(1)?);
-    let number: u64 = number.parse().ok()?;
-    Some(
-        number
-            * match unit {
-                "h" => 3600,
-                "d" => 86_400,
-                "w" => 604_800,
-                _ => return None,
-            },
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,13 +114,5 @@ mod tests {
         assert!(validate_cron("*/0 * * * *").is_err());
         assert!(validate_cron("5-1 * * * *").unwrap_err().contains("backwards"));
         assert!(validate_cron("@sometimes").is_err());
-    }
-
-    #[test]
-    fn retention_units() {
-        assert_eq!(retention_seconds("7d"), Some(604_800));
-        assert_eq!(retention_seconds("12h"), Some(43_200));
-        assert_eq!(retention_seconds("4w"), Some(2_419_200));
-        assert_eq!(retention_seconds("3m"), None);
     }
 }

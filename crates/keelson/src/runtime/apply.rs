@@ -1,170 +1,220 @@
-//! Brings one child object to its desired state with server-side apply,
-//! writing only when a managed field differs.
+//! The shared applier: brings each child of one object to its desired state
+//! with server-side apply under one field manager, in the order the
+//! controller calls it, writing only when a managed field differs. It
+//! removes children the spec no longer asks for, and records every refusal
+//! (which child, the API's reason) instead of stopping at the first, so the
+//! independent children still converge and status is still written.
 
 use std::fmt::Debug;
+use std::sync::Mutex;
 
-use kube::Resource;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{ObjectRef, Store};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::context::FIELD_MANAGER;
-use super::drift::{self, FieldDrift};
-use super::metrics::Metrics;
+use super::context::{Context, FIELD_MANAGER};
+use super::drift::{ChildChange, classify, stamp_desired_hash};
+use super::metrics::ChildWriteLabels;
+use super::outcome::{ChildFailure, Invalid, Outcome};
+use super::{cache, report};
 use crate::{Error, Result};
 
-/// Annotation holding a hash of what Keelson last applied, so a spec change
-/// (ours) can be told apart from drift (someone else's).
-pub const DESIRED_HASH_ANNOTATION: &str = "keelson.dev/desired-hash";
-
-/// What applying a child did.
-#[derive(Debug, PartialEq)]
-pub enum ChildChange {
-    Unchanged,
-    Created,
-    /// The spec asked for something new.
-    Updated(Vec<FieldDrift>),
-    /// Someone else changed fields Keelson manages; they were set back.
-    DriftCorrected(Vec<FieldDrift>),
-}
-
-/// 64-bit FNV-1a: stable across builds, unlike `std`'s hasher.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x100000001b3))
-}
-
-/// Stamps `desired` with the hash of its own content.
-pub fn stamp_desired_hash<K: Resource + Serialize>(desired: &mut K) -> Result<()> {
-    let json = serde_json::to_vec(desired).map_err(|source| Error::Serialize { what: "desired child", source })?;
-    let hash = format!("{:016x}", fnv1a(&json));
-    desired.meta_mut().annotations.get_or_insert_with(Default::default).insert(DESIRED_HASH_ANNOTATION.into(), hash);
-    Ok(())
-}
-
-fn desired_hash<K: Resource>(object: &K) -> Option<&String> {
-    object.meta().annotations.as_ref().and_then(|a| a.get(DESIRED_HASH_ANNOTATION))
-}
-
-async fn read<K>(api: &Api<K>, name: &str, metrics: &Metrics) -> Result<Option<K>>
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+/// A namespaced Kubernetes object as kube's typed API and caches handle it.
+pub trait Object:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + Send + Sync + 'static
 {
-    let actual = api.get_opt(name).await;
-    metrics.api_request("get", &actual);
-    actual.map_err(Error::kube(format!("get {} {name}", K::kind(&()))))
 }
-
-/// Compares `actual` to `desired` (already stamped) and says what applying would be.
-pub fn classify<K: Resource + Serialize>(desired: &K, actual: Option<&K>) -> Result<ChildChange> {
-    let Some(actual) = actual else {
-        return Ok(ChildChange::Created);
-    };
-    let want = serde_json::to_value(desired).map_err(|source| Error::Serialize { what: "desired child", source })?;
-    let have = serde_json::to_value(actual).map_err(|source| Error::Serialize { what: "actual child", source })?;
-    let drifts = drift::diff(&want, &have);
-    Ok(if drifts.is_empty() {
-        ChildChange::Unchanged
-    } else if desired_hash(actual) == desired_hash(desired) {
-        ChildChange::DriftCorrected(drifts)
-    } else {
-        ChildChange::Updated(drifts)
-    })
-}
-
-/// What the caller knows of a child's current state.
-pub enum Current<'a, K: Resource<DynamicType = ()> + Clone + 'static> {
-    /// Nothing: read it from the API server.
-    Unknown,
-    /// A watch cache; trusted only to say "nothing to do", anything else is
-    /// confirmed with the API server (the cache may lag behind our last write).
-    Cached(&'a Store<K>),
-    /// Just read from the API server by the caller.
-    Read(Option<K>),
-}
-
-/// Brings a child to `desired`, applying only if it is missing or differs.
-pub async fn apply_child<K>(
-    api: &Api<K>,
-    mut desired: K,
-    current: Current<'_, K>,
-    metrics: &Metrics,
-) -> Result<(K, ChildChange)>
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + 'static,
+impl<K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + Send + Sync + 'static> Object
+    for K
 {
-    let kind = K::kind(&());
-    let name = desired.meta().name.clone().unwrap_or_default();
-    stamp_desired_hash(&mut desired)?;
-    let actual = match current {
-        Current::Read(actual) => actual,
-        Current::Cached(cache) => {
-            let key = ObjectRef::new(&name).within(desired.meta().namespace.as_deref().unwrap_or_default());
-            if let Some(cached) = cache.get(&key)
-                && classify(&desired, Some(&cached))? == ChildChange::Unchanged
-            {
-                return Ok((K::clone(&cached), ChildChange::Unchanged));
+}
+
+/// What an object must be for the applier to send and read it.
+pub trait Child: Object + Serialize + DeserializeOwned {}
+impl<K: Object + Serialize + DeserializeOwned> Child for K {}
+
+/// Applies the children of one object and records the outcome.
+pub struct Applier<'a> {
+    ctx: &'a Context,
+    owner: ObjectReference,
+    namespace: String,
+    /// A deleted child of an object reconciled before is drift, not a creation.
+    reconciled_before: bool,
+    outcome: Mutex<Outcome>,
+}
+
+impl<'a> Applier<'a> {
+    pub fn new<K: Resource<DynamicType = ()>>(ctx: &'a Context, owner: &K, reconciled_before: bool) -> Self {
+        Self {
+            ctx,
+            owner: owner.object_ref(&()),
+            namespace: owner.namespace().unwrap_or_default(),
+            reconciled_before,
+            outcome: Mutex::new(Outcome::default()),
+        }
+    }
+
+    fn api<K: Child>(&self) -> Api<K> {
+        Api::namespaced(self.ctx.client.clone(), &self.namespace)
+    }
+
+    fn record(&self, change: impl FnOnce(&mut Outcome)) {
+        change(&mut self.outcome.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+    }
+
+    fn failure<K: Child>(&self, name: &str, action: &'static str, error: &Error) -> ChildFailure {
+        let failure = ChildFailure::new(format!("{} {name}", K::kind(&())), action, error);
+        if failure.conflict {
+            tracing::debug!(namespace = %self.namespace, owner = ?self.owner.name, %failure, "conflict");
+        } else {
+            tracing::warn!(namespace = %self.namespace, owner = ?self.owner.name, %failure, "child refused");
+        }
+        failure
+    }
+
+    fn fail<K: Child>(&self, name: &str, action: &'static str, error: &Error) {
+        let failure = self.failure::<K>(name, action, error);
+        self.record(|o| o.failures.push(failure));
+    }
+
+    /// Records a normal wait: the reconcile is polled again, not failed.
+    pub fn wait(&self, reason: impl Into<String>) {
+        let reason = reason.into();
+        tracing::debug!(namespace = %self.namespace, owner = ?self.owner.name, %reason, "waiting");
+        self.record(|o| o.waiting.push(reason));
+    }
+
+    /// Records a refusal the caller got from [`Applier::attempt`] and has no fallback for.
+    pub fn record_failure(&self, failure: ChildFailure) {
+        self.record(|o| o.failures.push(failure));
+    }
+
+    /// Records a spec only the reconciler can reject; nothing is applied.
+    pub fn invalid(&self, invalid: Invalid) {
+        self.record(|o| o.invalid = Some(invalid));
+    }
+
+    /// The failures recorded so far, for stages that depend on earlier ones.
+    pub fn failures(&self) -> Vec<ChildFailure> {
+        self.outcome.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).failures.clone()
+    }
+
+    pub fn finish(self) -> Outcome {
+        self.outcome.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Brings `desired` about; returns the child as the API server has it,
+    /// or None when it was refused (recorded).
+    pub async fn apply<K: Child>(&self, cache: &Store<K>, desired: K) -> Option<K> {
+        match self.attempt(cache, desired).await {
+            Ok(applied) => Some(applied),
+            Err(failure) => {
+                self.record(|o| o.failures.push(failure));
+                None
             }
-            read(api, &name, metrics).await?
-        }
-        Current::Unknown => read(api, &name, metrics).await?,
-    };
-    let change = classify(&desired, actual.as_ref())?;
-    if let (ChildChange::Unchanged, Some(actual)) = (&change, actual) {
-        return Ok((actual, ChildChange::Unchanged));
-    }
-    let applied = api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await;
-    metrics.api_request("apply", &applied);
-    let applied = applied.map_err(Error::kube(format!("apply {kind} {name}")))?;
-    Ok((applied, change))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::api::ObjectMeta;
-
-    fn config_map(value: &str) -> ConfigMap {
-        ConfigMap {
-            metadata: ObjectMeta { name: Some("c".into()), ..Default::default() },
-            data: Some([("k".to_string(), value.to_string())].into()),
-            ..Default::default()
         }
     }
 
-    fn stamped(value: &str) -> ConfigMap {
-        let mut cm = config_map(value);
-        stamp_desired_hash(&mut cm).expect("serializable");
-        cm
+    /// Like [`Applier::apply`], but a refusal is handed back, not recorded:
+    /// for a caller that has a fallback (e.g. a namespace being deleted).
+    pub async fn attempt<K: Child>(&self, cache: &Store<K>, desired: K) -> Result<K, ChildFailure> {
+        let name = desired.name_any();
+        match self.apply_if_changed(cache, desired).await {
+            Ok((applied, change)) => {
+                report::child_change(self.ctx, &self.owner, &K::kind(&()), &name, &change, self.reconciled_before)
+                    .await;
+                Ok(applied)
+            }
+            Err(error) => Err(self.failure::<K>(&name, "apply", &error)),
+        }
     }
 
-    #[test]
-    fn missing_child_is_created() {
-        assert_eq!(classify(&stamped("a"), None).expect("ok"), ChildChange::Created);
+    /// Applies an optional child, or removes it when the spec no longer asks for it.
+    pub async fn apply_optional<K: Child>(&self, cache: &Store<K>, name: &str, desired: Option<K>) -> Option<K> {
+        match desired {
+            Some(desired) => self.apply(cache, desired).await,
+            None => {
+                if !cache::is_synced(cache) || cache::get(cache, &self.namespace, name).is_some() {
+                    self.delete::<K>(name, &DeleteParams::background()).await;
+                }
+                None
+            }
+        }
     }
 
-    #[test]
-    fn equal_child_is_unchanged() {
-        let desired = stamped("a");
-        assert_eq!(classify(&desired, Some(&desired.clone())).expect("ok"), ChildChange::Unchanged);
+    /// Deletes a child; one already gone is not an error. True when it is gone or going.
+    pub async fn delete<K: Child>(&self, name: &str, params: &DeleteParams) -> bool {
+        match self.api::<K>().delete(name, params).await {
+            Ok(_) => {
+                tracing::info!(namespace = %self.namespace, owner = ?self.owner.name, child = name, "deleted {}", K::kind(&()));
+                self.ctx
+                    .metrics
+                    .child_writes
+                    .get_or_create(&ChildWriteLabels { kind: K::kind(&()).into(), action: "delete" })
+                    .inc();
+                true
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => true,
+            Err(source) => {
+                self.fail::<K>(
+                    name,
+                    "delete",
+                    &Error::Kube { action: format!("delete {} {name}", K::kind(&())), source },
+                );
+                false
+            }
+        }
     }
 
-    #[test]
-    fn outside_edit_is_drift_and_spec_change_is_update() {
-        let desired = stamped("a");
-        let mut edited = desired.clone();
-        edited.data = Some([("k".to_string(), "b".to_string())].into());
-        assert!(
-            matches!(classify(&desired, Some(&edited)).expect("ok"), ChildChange::DriftCorrected(d) if d[0].path == "data.k")
-        );
-        let new_desired = stamped("c");
-        assert!(matches!(classify(&new_desired, Some(&desired)).expect("ok"), ChildChange::Updated(_)));
+    /// Merge-patches fields the applier does not own through apply (a pod's
+    /// role label, an owner reference to drop, a volume to grow).
+    pub async fn merge_patch<K: Child>(&self, name: &str, patch: &serde_json::Value, action: &'static str) -> bool {
+        match self.api::<K>().patch(name, &PatchParams::default(), &Patch::Merge(patch)).await {
+            Ok(_) => {
+                self.ctx
+                    .metrics
+                    .child_writes
+                    .get_or_create(&ChildWriteLabels { kind: K::kind(&()).into(), action })
+                    .inc();
+                true
+            }
+            Err(source) => {
+                self.fail::<K>(
+                    name,
+                    action,
+                    &Error::Kube { action: format!("{action} {} {name}", K::kind(&())), source },
+                );
+                false
+            }
+        }
     }
 
-    #[test]
-    fn hash_is_stable() {
-        assert_eq!(stamped("a").metadata.annotations, stamped("a").metadata.annotations);
-        assert_ne!(stamped("a").metadata.annotations, stamped("b").metadata.annotations);
+    /// Applies `desired` when it is missing or differs from the cluster's copy.
+    /// The cache is trusted only to say "nothing to do": anything else is
+    /// confirmed with the API server, since the cache may lag our last write.
+    async fn apply_if_changed<K: Child>(&self, cache: &Store<K>, mut desired: K) -> Result<(K, ChildChange)> {
+        let kind = K::kind(&());
+        let name = desired.name_any();
+        stamp_desired_hash(&mut desired)?;
+        if let Some(cached) = cache::get(cache, &self.namespace, &name)
+            && classify(&desired, Some(&cached))? == ChildChange::Unchanged
+        {
+            return Ok((cached, ChildChange::Unchanged));
+        }
+        let api = self.api::<K>();
+        let actual = api.get_opt(&name).await.map_err(Error::kube(format!("get {kind} {name}")))?;
+        let change = classify(&desired, actual.as_ref())?;
+        if let (ChildChange::Unchanged, Some(actual)) = (&change, actual) {
+            return Ok((actual, ChildChange::Unchanged));
+        }
+        let applied = api
+            .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
+            .await
+            .map_err(Error::kube(format!("apply {kind} {name}")))?;
+        Ok((applied, change))
     }
 }

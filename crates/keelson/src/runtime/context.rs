@@ -35,20 +35,12 @@ impl Context {
     /// critical path; a failure to publish is logged, never fatal.
     pub async fn event(&self, regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
         let event = Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
-        let (recorder, metrics, regarding) = (self.recorder.clone(), self.metrics.clone(), regarding.clone());
+        let (recorder, regarding) = (self.recorder.clone(), regarding.clone());
         tokio::spawn(async move {
-            let result = recorder.publish(&event, &regarding).await;
-            metrics.api_request("create", &result);
-            if let Err(error) = result {
+            if let Err(error) = recorder.publish(&event, &regarding).await {
                 tracing::warn!(%error, reason = %event.reason, "could not publish event");
             }
         });
-    }
-}
-
-impl AsRef<Context> for Context {
-    fn as_ref(&self) -> &Context {
-        self
     }
 }
 

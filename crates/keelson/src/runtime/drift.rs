@@ -4,7 +4,11 @@
 //! means: every field of the desired object has the same value in the actual
 //! object. Fields the API server or other managers add are ignored.
 
+use kube::Resource;
+use serde::Serialize;
 use serde_json::Value;
+
+use crate::{Error, Result};
 
 /// One managed field whose actual value differs from the desired one.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,9 +145,60 @@ fn walk_list(want: &[Value], have: &[Value], path: &str, out: &mut Vec<FieldDrif
     }
 }
 
+/// Annotation holding a hash of what Keelson last applied, so a spec change
+/// (ours) can be told apart from drift (someone else's).
+pub const DESIRED_HASH_ANNOTATION: &str = "keelson.dev/desired-hash";
+
+/// What applying a child did.
+#[derive(Debug, PartialEq)]
+pub enum ChildChange {
+    Unchanged,
+    Created,
+    /// The spec asked for something new.
+    Updated(Vec<FieldDrift>),
+    /// Someone else changed fields Keelson manages; they were set back.
+    DriftCorrected(Vec<FieldDrift>),
+}
+
+/// 64-bit FNV-1a: stable across builds, unlike `std`'s hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x100000001b3))
+}
+
+/// Stamps `desired` with the hash of its own content.
+pub fn stamp_desired_hash<K: Resource + Serialize>(desired: &mut K) -> Result<()> {
+    let json = serde_json::to_vec(desired).map_err(|source| Error::Serialize { what: "desired child", source })?;
+    let hash = format!("{:016x}", fnv1a(&json));
+    desired.meta_mut().annotations.get_or_insert_with(Default::default).insert(DESIRED_HASH_ANNOTATION.into(), hash);
+    Ok(())
+}
+
+fn desired_hash<K: Resource>(object: &K) -> Option<&String> {
+    object.meta().annotations.as_ref().and_then(|a| a.get(DESIRED_HASH_ANNOTATION))
+}
+
+/// Compares `actual` to `desired` (already stamped) and says what applying would be.
+pub fn classify<K: Resource + Serialize>(desired: &K, actual: Option<&K>) -> Result<ChildChange> {
+    let Some(actual) = actual else {
+        return Ok(ChildChange::Created);
+    };
+    let want = serde_json::to_value(desired).map_err(|source| Error::Serialize { what: "desired child", source })?;
+    let have = serde_json::to_value(actual).map_err(|source| Error::Serialize { what: "actual child", source })?;
+    let drifts = diff(&want, &have);
+    Ok(if drifts.is_empty() {
+        ChildChange::Unchanged
+    } else if desired_hash(actual) == desired_hash(desired) {
+        ChildChange::DriftCorrected(drifts)
+    } else {
+        ChildChange::Updated(drifts)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
     use serde_json::json;
 
     #[test]
@@ -198,5 +253,48 @@ mod tests {
     #[test]
     fn integer_and_float_forms_of_a_number_match() {
         assert!(diff(&json!({"n": 1}), &json!({"n": 1.0})).is_empty());
+    }
+
+    fn config_map(value: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta { name: Some("c".into()), ..Default::default() },
+            data: Some([("k".to_string(), value.to_string())].into()),
+            ..Default::default()
+        }
+    }
+
+    fn stamped(value: &str) -> ConfigMap {
+        let mut cm = config_map(value);
+        stamp_desired_hash(&mut cm).expect("serializable");
+        cm
+    }
+
+    #[test]
+    fn missing_child_is_created() {
+        assert_eq!(classify(&stamped("a"), None).expect("ok"), ChildChange::Created);
+    }
+
+    #[test]
+    fn equal_child_is_unchanged() {
+        let desired = stamped("a");
+        assert_eq!(classify(&desired, Some(&desired.clone())).expect("ok"), ChildChange::Unchanged);
+    }
+
+    #[test]
+    fn outside_edit_is_drift_and_spec_change_is_update() {
+        let desired = stamped("a");
+        let mut edited = desired.clone();
+        edited.data = Some([("k".to_string(), "b".to_string())].into());
+        assert!(
+            matches!(classify(&desired, Some(&edited)).expect("ok"), ChildChange::DriftCorrected(d) if d[0].path == "data.k")
+        );
+        let new_desired = stamped("c");
+        assert!(matches!(classify(&new_desired, Some(&desired)).expect("ok"), ChildChange::Updated(_)));
+    }
+
+    #[test]
+    fn hash_is_stable() {
+        assert_eq!(stamped("a").metadata.annotations, stamped("a").metadata.annotations);
+        assert_ne!(stamped("a").metadata.annotations, stamped("b").metadata.annotations);
     }
 }

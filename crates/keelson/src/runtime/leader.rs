@@ -36,10 +36,6 @@ impl LeaderElector {
         Self { api: Api::namespaced(client, namespace), name: name.into(), identity: identity.into(), observed: None }
     }
 
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
     /// One attempt to take or renew the lease; true while we hold it.
     pub async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {

@@ -25,12 +25,6 @@ pub struct DriftLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ApiRequestLabels {
-    pub verb: &'static str,
-    pub result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
     pub verb: &'static str,
     pub code: String,
@@ -52,7 +46,6 @@ pub struct Metrics {
     pub drift_corrections: Family<DriftLabels, Counter>,
     pub child_writes: Family<ChildWriteLabels, Counter>,
     pub status_writes: Family<ControllerLabels, Counter>,
-    pub api_requests: Family<ApiRequestLabels, Counter>,
     pub http_requests: Family<HttpLabels, Counter>,
     pub leader: Gauge,
 }
@@ -72,7 +65,6 @@ impl Default for Metrics {
         let drift_corrections = Family::<DriftLabels, Counter>::default();
         let child_writes = Family::<ChildWriteLabels, Counter>::default();
         let status_writes = Family::<ControllerLabels, Counter>::default();
-        let api_requests = Family::<ApiRequestLabels, Counter>::default();
         let http_requests = Family::<HttpLabels, Counter>::default();
         let leader = Gauge::default();
         registry.register("reconcile", "Reconciles started, per controller", reconciles.clone());
@@ -95,11 +87,6 @@ impl Default for Metrics {
         );
         registry.register("status_writes", "Status subresource writes, per controller", status_writes.clone());
         registry.register(
-            "kubernetes_requests",
-            "Kubernetes API requests made by the controllers, by verb and result",
-            api_requests.clone(),
-        );
-        registry.register(
             "kubernetes_http_requests",
             "Every HTTP request to the API server (watches included), by verb and status code",
             http_requests.clone(),
@@ -118,7 +105,6 @@ impl Default for Metrics {
             drift_corrections,
             child_writes,
             status_writes,
-            api_requests,
             http_requests,
             leader,
         }
@@ -132,17 +118,6 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
-    }
-
-    /// Counts one API request by verb and outcome.
-    pub fn api_request<T>(&self, verb: &'static str, result: &Result<T, kube::Error>) {
-        let result = match result {
-            Ok(_) => "ok",
-            Err(kube::Error::Api(s)) if s.code == 404 => "not_found",
-            Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
-            Err(_) => "error",
-        };
-        self.api_requests.get_or_create(&ApiRequestLabels { verb, result }).inc();
     }
 }
 

@@ -1,36 +1,31 @@
-//! What both controllers share: context, server-side apply with drift
-//! detection, metrics, health endpoints and leader election.
+//! What both controllers share: the reconcile pipeline and its applier,
+//! watch caches, child metadata, context, metrics, health endpoints, leader
+//! election and the RBAC declarations.
 
 pub mod apply;
+pub mod cache;
 pub mod client;
 pub mod context;
 pub mod controller;
 pub mod drift;
+#[cfg(test)]
+pub mod fake_api;
 pub mod health;
 pub mod leader;
+pub mod meta;
 pub mod metrics;
+pub mod outcome;
+pub mod permissions;
+pub mod pipeline;
+pub mod report;
+pub mod security;
 pub mod status;
 
-pub use apply::{ChildChange, Current, apply_child};
+pub use apply::Applier;
 pub use context::{Context, FIELD_MANAGER};
 pub use metrics::Metrics;
-
-/// Labels on every child object, after the Kubernetes recommended labels.
-pub fn recommended_labels(
-    app_name: &str,
-    component: &str,
-    instance: &str,
-) -> std::collections::BTreeMap<String, String> {
-    [
-        ("app.kubernetes.io/name", app_name),
-        ("app.kubernetes.io/instance", instance),
-        ("app.kubernetes.io/component", component),
-        ("app.kubernetes.io/managed-by", "keelson"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
+pub use outcome::{Invalid, Outcome};
+pub use pipeline::Reconciler;
 
 /// An API for `K` in `namespace`, or across all namespaces.
 pub fn scoped_api<K>(client: &kube::Client, namespace: Option<&str>) -> kube::Api<K>
@@ -42,6 +37,3 @@ where
         None => kube::Api::all(client.clone()),
     }
 }
-
-/// Label selector matching every object Keelson manages, for owned watches.
-pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=keelson";

@@ -41,7 +41,6 @@ where
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
     let patch = json!({ "status": new });
     let result = api.patch_status(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
-    ctx.metrics.api_request("patch_status", &result);
     ctx.metrics.status_writes.get_or_create(&ControllerLabels { controller }).inc();
     result.map_err(Error::kube(format!("write status of {} {namespace}/{}", K::kind(&()), object.name_any())))?;
     Ok(true)

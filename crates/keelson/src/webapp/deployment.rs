@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
 use kube::api::ObjectMeta;
-use kube::{Resource, ResourceExt};
 
+use crate::Result;
 use crate::api::WebApp;
-use crate::runtime::recommended_labels;
-use crate::{Error, Result};
+use crate::runtime::meta;
 
 /// Name of the one container in every WebApp pod.
 pub const CONTAINER_NAME: &str = "webapp";
@@ -22,28 +22,15 @@ pub fn selector_labels(app: &WebApp) -> BTreeMap<String, String> {
 
 /// Selector and recommended labels for everything a WebApp owns.
 pub fn labels(app: &WebApp) -> BTreeMap<String, String> {
-    let mut labels = recommended_labels("webapp", "server", &app.name_any());
+    let mut labels = meta::recommended_labels("webapp", "server", &app.name_any());
     labels.extend(selector_labels(app));
     labels
-}
-
-pub fn owner_meta(app: &WebApp, name: String) -> Result<ObjectMeta> {
-    let owner = app
-        .controller_owner_ref(&())
-        .ok_or_else(|| Error::MissingMetadata(format!("WebApp {} has no uid yet", app.name_any())))?;
-    Ok(ObjectMeta {
-        name: Some(name),
-        namespace: app.namespace(),
-        labels: Some(labels(app)),
-        owner_references: Some(vec![owner]),
-        ..Default::default()
-    })
 }
 
 /// Builds the desired Deployment `<name>` for `app`.
 pub fn build(app: &WebApp) -> Result<Deployment> {
     Ok(Deployment {
-        metadata: owner_meta(app, app.name_any())?,
+        metadata: meta::owned(app, app.name_any(), labels(app))?,
         spec: Some(DeploymentSpec {
             replicas: Some(app.spec.replicas),
             selector: LabelSelector { match_labels: Some(selector_labels(app)), ..Default::default() },

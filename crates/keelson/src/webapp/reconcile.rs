@@ -1,88 +1,208 @@
-//! One WebApp reconcile, as a pipeline: build the desired children → apply
-//! those that differ → compute status → write it if it changed.
+//! One WebApp reconcile, stage by stage (see `runtime::pipeline`): read the
+//! children from the caches → nothing to validate beyond the schema → build
+//! the Deployment and the Service → apply both side by side → status.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
-use kube::api::Api;
-use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 
-use super::{WebAppContext, deployment, service, status};
-use crate::api::WebApp;
-use crate::runtime::controller::report_child_change;
-use crate::runtime::{Context, apply_child};
-use crate::{Error, Result};
+use super::observed::{self, Caches, Observed};
+use super::{deployment, service, status};
+use crate::Result;
+use crate::api::webapp::{WebApp, WebAppStatus};
+use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler};
 
 pub const CONTROLLER: &str = "webapp";
 
-/// Without events, look again this often anyway (like controller-runtime's resync).
-const RESYNC: Duration = Duration::from_secs(3600);
+pub struct WebAppReconciler {
+    pub ctx: Arc<Context>,
+    pub caches: Caches,
+}
 
-pub async fn reconcile(app: Arc<WebApp>, ctx: Arc<WebAppContext>) -> Result<Action> {
-    let namespace =
-        app.namespace().ok_or_else(|| Error::MissingMetadata(format!("WebApp {} has no namespace", app.name_any())))?;
-    if app.meta().deletion_timestamp.is_some() {
-        // Owner references hand the children to the garbage collector.
-        return Ok(Action::await_change());
-    }
-    let owner = app.object_ref(&());
-    let reconciled_before = app.status.as_ref().and_then(|s| s.observed_generation).is_some();
+pub struct Desired {
+    deployment: k8s_openapi::api::apps::v1::Deployment,
+    service: k8s_openapi::api::core::v1::Service,
+}
 
-    let desired_deployment = deployment::build(&app)?;
-    let desired_service = service::build(&app)?;
+impl Reconciler for WebAppReconciler {
+    type Object = WebApp;
+    type Observed = Observed;
+    type Desired = Desired;
+    type Status = WebAppStatus;
+    const CONTROLLER: &'static str = CONTROLLER;
 
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
-    let mut failure: Option<Error> = None;
-
-    // The two children are independent: apply them side by side.
-    let deployment_name = app.name_any();
-    let service_name = service::name(&app);
-    let (deployment_result, service_result) = tokio::join!(
-        apply_child(&deployments, desired_deployment, super::cached(&ctx.deployments), &ctx.metrics),
-        apply_child(&services, desired_service, super::cached(&ctx.services), &ctx.metrics),
-    );
-    let observed_deployment = match deployment_result {
-        Ok((applied, change)) => {
-            report_child_change::<Deployment>(&ctx, &owner, &deployment_name, &change, reconciled_before).await;
-            Some(applied)
-        }
-        Err(error) => {
-            failure = Some(error);
-            None
-        }
-    };
-    match service_result {
-        Ok((_, change)) => {
-            report_child_change::<Service>(&ctx, &owner, &service_name, &change, reconciled_before).await
-        }
-        Err(error) => failure = failure.or(Some(error)),
+    fn context(&self) -> &Context {
+        &self.ctx
     }
 
-    let failure_message = failure.as_ref().map(ToString::to_string);
-    let new_status =
-        status::compute(&app, observed_deployment.as_ref(), failure_message.as_deref(), &crate::runtime::status::now());
-    write_status_if_changed(&app, new_status, &ctx).await?;
+    async fn read(&self, app: &WebApp) -> Result<Observed> {
+        Ok(observed::read(app, &self.caches))
+    }
 
-    match failure {
-        Some(error) => Err(error),
-        None => Ok(Action::requeue(RESYNC)),
+    /// The schema and its CEL rules check every field of a WebApp.
+    fn validate(_app: &WebApp, _observed: &Observed) -> Result<(), Invalid> {
+        Ok(())
+    }
+
+    fn build(app: &WebApp, _observed: &Observed) -> Result<Desired> {
+        Ok(Desired { deployment: deployment::build(app)?, service: service::build(app)? })
+    }
+
+    /// The two children are independent: applied side by side.
+    async fn apply(&self, _app: &WebApp, _observed: Observed, desired: Desired, applier: &Applier<'_>) -> Observed {
+        let (deployment, service) = tokio::join!(
+            applier.apply(&self.caches.deployments, desired.deployment),
+            applier.apply(&self.caches.services, desired.service),
+        );
+        Observed { deployment, service }
+    }
+
+    fn status(app: &WebApp, observed: &Observed, outcome: &Outcome) -> WebAppStatus {
+        status::compute(app, observed.deployment.as_ref(), outcome, &crate::runtime::status::now())
+    }
+
+    fn current_status(app: &WebApp) -> Option<&WebAppStatus> {
+        app.status.as_ref()
+    }
+
+    async fn announce(&self, app: &WebApp, new: &WebAppStatus, _outcome: &Outcome) {
+        if app.status.as_ref().and_then(|s| s.phase) != new.phase {
+            let (namespace, name) = (app.namespace().unwrap_or_default(), app.name_any());
+            tracing::info!(namespace, name, phase = ?new.phase, available = new.available_replicas, "WebApp phase changed");
+        }
     }
 }
 
-async fn write_status_if_changed(
-    app: &WebApp,
-    new_status: crate::api::webapp::WebAppStatus,
-    ctx: &Context,
-) -> Result<()> {
-    if crate::runtime::status::write_if_changed(ctx, CONTROLLER, app, app.status.as_ref(), &new_status).await?
-        && app.status.as_ref().and_then(|s| s.phase) != new_status.phase
-    {
-        let (namespace, name) = (app.namespace().unwrap_or_default(), app.name_any());
-        tracing::info!(namespace, name, phase = ?new_status.phase, available = new_status.available_replicas, "WebApp phase changed");
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+    use k8s_openapi::api::core::v1::Service;
+    use kube::runtime::controller::Action;
+
+    use super::*;
+    use crate::runtime::drift::stamp_desired_hash;
+    use crate::runtime::fake_api::{FakeApi, cache};
+    use crate::runtime::metrics::{ChildWriteLabels, DriftLabels};
+    use crate::runtime::outcome::RESYNC;
+    use crate::runtime::{Metrics, pipeline};
+    use crate::webapp::tests::sample;
+
+    /// The children exactly as Keelson last applied them, the Deployment settled.
+    fn applied(app: &WebApp) -> (Deployment, Service) {
+        let mut deployment = deployment::build(app).expect("builds");
+        stamp_desired_hash(&mut deployment).expect("stamps");
+        deployment.metadata.generation = Some(1);
+        let replicas = Some(app.spec.replicas);
+        deployment.status = Some(DeploymentStatus {
+            observed_generation: Some(1),
+            replicas,
+            updated_replicas: replicas,
+            available_replicas: replicas,
+            ..Default::default()
+        });
+        let mut service = service::build(app).expect("builds");
+        stamp_desired_hash(&mut service).expect("stamps");
+        (deployment, service)
     }
-    Ok(())
+
+    fn reconciler(client: kube::Client, deployments: Vec<Deployment>, services: Vec<Service>) -> Arc<WebAppReconciler> {
+        let ctx = Context::new(client, Arc::new(Metrics::default()));
+        Arc::new(WebAppReconciler {
+            ctx,
+            caches: Caches { deployments: cache(deployments), services: cache(services) },
+        })
+    }
+
+    #[tokio::test]
+    async fn reconcile_creates_deployment_and_service_and_writes_status_once() {
+        let app = sample();
+        let (api, client) = FakeApi::new(&app);
+        let action = pipeline::reconcile(Arc::new(app), reconciler(client, vec![], vec![])).await;
+        assert_eq!(action.ok(), Some(Action::requeue(RESYNC)));
+        let mut applies = api.applies();
+        applies.sort();
+        assert_eq!(applies, ["deployments/sandy-app", "services/sandy-app-service"]);
+        for apply in api.requests().iter().filter(|r| r.is_apply()) {
+            assert!(apply.query.contains("fieldManager=keelson") && apply.query.contains("force=true"), "{apply:?}");
+        }
+        let statuses = api.status_writes();
+        assert_eq!(statuses.len(), 1);
+        assert_eq!(statuses[0].body["status"]["phase"], "Scaling");
+    }
+
+    #[tokio::test]
+    async fn reconcile_in_steady_state_sends_no_request() {
+        let mut app = sample();
+        let (deployment, service) = applied(&app);
+        let outcome = Outcome::default();
+        app.status = Some(status::compute(&app, Some(&deployment), &outcome, &crate::runtime::status::now()));
+        let (api, client) = FakeApi::new(&app);
+        let action = pipeline::reconcile(Arc::new(app), reconciler(client, vec![deployment], vec![service])).await;
+        assert_eq!(action.ok(), Some(Action::requeue(RESYNC)));
+        assert!(api.requests().is_empty(), "{:?}", api.requests());
+    }
+
+    #[tokio::test]
+    async fn reconcile_takes_outside_scaling_back() {
+        let app = sample();
+        let (mut drifted, service) = applied(&app);
+        drifted.spec.as_mut().expect("spec").replicas = Some(10);
+        let (api, client) = FakeApi::new(&app);
+        api.answer("GET", "/deployments/sandy-app", 200, serde_json::to_value(&drifted).expect("json"));
+        let reconciler = reconciler(client, vec![drifted], vec![service]);
+        pipeline::reconcile(Arc::new(app), reconciler.clone()).await.expect("reconciles");
+        assert_eq!(api.applies(), ["deployments/sandy-app"]);
+        let sent = api.requests().into_iter().find(|r| r.is_apply()).expect("apply");
+        assert_eq!(sent.body["spec"]["replicas"], 3);
+        let drift = DriftLabels { kind: "Deployment".into(), field: "spec.replicas".into() };
+        assert_eq!(reconciler.ctx.metrics.drift_corrections.get_or_create(&drift).get(), 1);
+    }
+
+    #[tokio::test]
+    async fn reconcile_follows_a_spec_change_as_an_update_not_drift() {
+        let mut app = sample();
+        let (deployment, service) = applied(&app);
+        app.spec.image = "nginx:1.27".into();
+        let (api, client) = FakeApi::new(&app);
+        api.answer("GET", "/deployments/sandy-app", 200, serde_json::to_value(&deployment).expect("json"));
+        let reconciler = reconciler(client, vec![deployment], vec![service]);
+        pipeline::reconcile(Arc::new(app), reconciler.clone()).await.expect("reconciles");
+        let sent = api.requests().into_iter().find(|r| r.is_apply()).expect("apply");
+        assert_eq!(sent.body["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:1.27");
+        let metrics = &reconciler.ctx.metrics;
+        assert_eq!(
+            metrics.child_writes.get_or_create(&ChildWriteLabels { kind: "Deployment".into(), action: "update" }).get(),
+            1
+        );
+        assert!(!metrics.render().contains("keelson_drift_corrections_total{"), "a spec change is not drift");
+    }
+
+    #[tokio::test]
+    async fn reconcile_records_a_refused_child_and_still_applies_the_other() {
+        let app = sample();
+        let (api, client) = FakeApi::new(&app);
+        api.refuse("PATCH", "/services/sandy-app-service", 422, "Invalid", "spec.ports[0].nodePort: Invalid value");
+        let result = pipeline::reconcile(Arc::new(app), reconciler(client, vec![], vec![])).await;
+        assert!(matches!(result, Err(crate::Error::ChildrenFailed { conflict: false, .. })), "{result:?}");
+        assert!(api.applies().contains(&"deployments/sandy-app".to_string()));
+        let statuses = api.status_writes();
+        assert_eq!(statuses.len(), 1, "status is written even when a child fails");
+        let conditions = statuses[0].body["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        let degraded = conditions.iter().find(|c| c["type"] == "Degraded").expect("Degraded");
+        assert_eq!(degraded["status"], "True");
+        let message = degraded["message"].as_str().unwrap_or_default();
+        assert!(message.contains("Service sandy-app-service") && message.contains("Invalid"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn reconcile_leaves_a_deleted_webapp_to_the_garbage_collector() {
+        let mut app = sample();
+        app.metadata.deletion_timestamp = Some(crate::runtime::status::now());
+        let (api, client) = FakeApi::new(&app);
+        let action = pipeline::reconcile(Arc::new(app), reconciler(client, vec![], vec![])).await;
+        assert_eq!(action.ok(), Some(Action::await_change()));
+        assert!(api.requests().is_empty());
+    }
 }

@@ -4,9 +4,10 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use super::deployment::{owner_meta, selector_labels};
+use super::deployment::{labels, selector_labels};
 use crate::Result;
 use crate::api::WebApp;
+use crate::runtime::meta;
 
 pub fn name(app: &WebApp) -> String {
     format!("{}-service", app.name_any())
@@ -15,7 +16,7 @@ pub fn name(app: &WebApp) -> String {
 /// Builds the desired Service for `app`: the spec's type, port → same target port.
 pub fn build(app: &WebApp) -> Result<Service> {
     Ok(Service {
-        metadata: owner_meta(app, name(app))?,
+        metadata: meta::owned(app, name(app), labels(app))?,
         spec: Some(ServiceSpec {
             type_: Some(app.spec.service_type.as_str().into()),
             selector: Some(selector_labels(app)),

@@ -5,10 +5,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::webapp::{WebApp, WebAppPhase, WebAppStatus};
+use crate::runtime::Outcome;
 
 /// Computes the status `app` should have, given its Deployment as the API
-/// server returned it and the error of this reconcile, if any.
-pub fn compute(app: &WebApp, deployment: Option<&Deployment>, failure: Option<&str>, now: &Time) -> WebAppStatus {
+/// server returned it and what this reconcile's applier recorded.
+pub fn compute(app: &WebApp, deployment: Option<&Deployment>, outcome: &Outcome, now: &Time) -> WebAppStatus {
     let desired = app.spec.replicas;
     let observed = deployment.and_then(|d| d.status.as_ref());
     let available = observed.and_then(|s| s.available_replicas).unwrap_or(0);
@@ -18,7 +19,11 @@ pub fn compute(app: &WebApp, deployment: Option<&Deployment>, failure: Option<&s
         let generation = d.metadata.generation.unwrap_or(0);
         observed.and_then(|s| s.observed_generation).unwrap_or(0) >= generation
     });
-    let running = deployment_current && available == desired && replicas == desired && updated == desired;
+    let running = deployment_current
+        && available == desired
+        && replicas == desired
+        && updated == desired
+        && outcome.failures.is_empty();
     let phase = if running { WebAppPhase::Running } else { WebAppPhase::Scaling };
 
     let available_condition = if available >= desired {
@@ -46,7 +51,7 @@ pub fn compute(app: &WebApp, deployment: Option<&Deployment>, failure: Option<&s
             format!("{replicas} pods, {updated} up to date, {available} available; want {desired}"),
         )
     };
-    let degraded_condition = match failure {
+    let degraded_condition = match outcome.failure_message() {
         Some(message) => DesiredCondition::new("Degraded", true, "ReconcileFailed", message),
         None => DesiredCondition::new("Degraded", false, "AsExpected", ""),
     };
@@ -56,7 +61,7 @@ pub fn compute(app: &WebApp, deployment: Option<&Deployment>, failure: Option<&s
         phase: Some(phase),
         available_replicas: available,
         replicas,
-        selector: Some(format!("app={}", app.metadata.name.as_deref().unwrap_or_default())),
+        selector: Some(crate::runtime::meta::selector(&super::deployment::selector_labels(app))),
         observed_generation: generation,
         conditions: merge_conditions(
             previous,
@@ -97,7 +102,7 @@ mod tests {
 
     #[test]
     fn all_available_is_running() {
-        let status = compute(&sample(), Some(&deployment(2, 2, 3, 3, 3)), None, &now());
+        let status = compute(&sample(), Some(&deployment(2, 2, 3, 3, 3)), &Outcome::default(), &now());
         assert_eq!(status.phase, Some(WebAppPhase::Running));
         assert_eq!(status.available_replicas, 3);
         assert_eq!(condition(&status, "Available"), "True");
@@ -108,20 +113,30 @@ mod tests {
 
     #[test]
     fn extra_pods_after_outside_scale_is_scaling() {
-        let status = compute(&sample(), Some(&deployment(3, 3, 10, 10, 10)), None, &now());
+        let status = compute(&sample(), Some(&deployment(3, 3, 10, 10, 10)), &Outcome::default(), &now());
         assert_eq!(status.phase, Some(WebAppPhase::Scaling));
         assert_eq!(condition(&status, "Progressing"), "True");
     }
 
     #[test]
     fn unobserved_generation_is_scaling_even_if_counts_match() {
-        let status = compute(&sample(), Some(&deployment(3, 2, 3, 3, 3)), None, &now());
+        let status = compute(&sample(), Some(&deployment(3, 2, 3, 3, 3)), &Outcome::default(), &now());
         assert_eq!(status.phase, Some(WebAppPhase::Scaling));
     }
 
     #[test]
     fn missing_deployment_and_failure_is_degraded() {
-        let status = compute(&sample(), None, Some("apply failed"), &now());
+        let failed = Outcome {
+            failures: vec![crate::runtime::outcome::ChildFailure {
+                child: "Deployment sandy-app".into(),
+                action: "apply",
+                reason: "Invalid".into(),
+                message: "apply failed".into(),
+                conflict: false,
+            }],
+            ..Default::default()
+        };
+        let status = compute(&sample(), None, &failed, &now());
         assert_eq!(status.phase, Some(WebAppPhase::Scaling));
         assert_eq!(condition(&status, "Available"), "False");
         assert_eq!(condition(&status, "Degraded"), "True");
@@ -131,16 +146,16 @@ mod tests {
     fn zero_replicas_is_running_when_nothing_runs() {
         let mut app = sample();
         app.spec.replicas = 0;
-        let status = compute(&app, Some(&deployment(1, 1, 0, 0, 0)), None, &now());
+        let status = compute(&app, Some(&deployment(1, 1, 0, 0, 0)), &Outcome::default(), &now());
         assert_eq!(status.phase, Some(WebAppPhase::Running));
     }
 
     #[test]
     fn same_observation_gives_identical_status() {
         let mut app = sample();
-        let first = compute(&app, Some(&deployment(2, 2, 3, 3, 3)), None, &now());
+        let first = compute(&app, Some(&deployment(2, 2, 3, 3, 3)), &Outcome::default(), &now());
         app.status = Some(first.clone());
         let later = Time(Timestamp::from_second(1000).unwrap_or(Timestamp::UNIX_EPOCH));
-        assert_eq!(compute(&app, Some(&deployment(2, 2, 3, 3, 3)), None, &later), first);
+        assert_eq!(compute(&app, Some(&deployment(2, 2, 3, 3, 3)), &Outcome::default(), &later), first);
     }
 }

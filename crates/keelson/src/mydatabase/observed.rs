@@ -1,0 +1,65 @@
+//! Stage 1, read: what the cluster holds for one MyDatabase, from the watch
+//! caches. Only the credentials are confirmed with the API server when the
+//! cache has none: generating new passwords over existing ones would lock
+//! the database's users out.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::Api;
+use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
+
+use super::names;
+use crate::api::MyDatabase;
+use crate::runtime::cache;
+use crate::{Error, Result};
+
+/// The caches of everything a MyDatabase owns or watches, filled by its watches.
+pub struct Caches {
+    pub statefulsets: Store<StatefulSet>,
+    pub services: Store<Service>,
+    pub secrets: Store<Secret>,
+    pub config_maps: Store<ConfigMap>,
+    pub cron_jobs: Store<CronJob>,
+    pub disruption_budgets: Store<PodDisruptionBudget>,
+    pub jobs: Store<Job>,
+    pub claims: Store<PersistentVolumeClaim>,
+    pub pods: Store<Pod>,
+}
+
+/// What the cluster holds for one MyDatabase; apply updates it with what it wrote.
+#[derive(Debug, Default)]
+pub struct Observed {
+    pub credentials: Option<Secret>,
+    pub statefulset: Option<StatefulSet>,
+    /// Database pods, by name.
+    pub pods: Vec<Pod>,
+    /// Backup Jobs of the CronJob and the final backup.
+    pub backup_jobs: Vec<Job>,
+    /// Data volumes, by name.
+    pub data_claims: Vec<PersistentVolumeClaim>,
+    pub backups_claim: Option<PersistentVolumeClaim>,
+    pub backup_cron_job: Option<CronJob>,
+}
+
+pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<Observed> {
+    let namespace = db.namespace().unwrap_or_default();
+    let credentials = match cache::get(&caches.secrets, &namespace, &names::credentials(db)) {
+        Some(secret) => Some(secret),
+        None => Api::<Secret>::namespaced(client.clone(), &namespace)
+            .get_opt(&names::credentials(db))
+            .await
+            .map_err(Error::kube("read the credentials Secret"))?,
+    };
+    Ok(Observed {
+        credentials,
+        statefulset: cache::get(&caches.statefulsets, &namespace, &names::statefulset(db)),
+        pods: cache::list(&caches.pods, &namespace, &names::pod_selector(db)),
+        backup_jobs: cache::list(&caches.jobs, &namespace, &names::labels(db, "backup")),
+        data_claims: cache::list(&caches.claims, &namespace, &names::pod_selector(db)),
+        backups_claim: cache::get(&caches.claims, &namespace, &names::backups_pvc(db)),
+        backup_cron_job: cache::get(&caches.cron_jobs, &namespace, &names::backup_cronjob(db)),
+    })
+}

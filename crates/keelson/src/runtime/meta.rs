@@ -1,0 +1,72 @@
+//! Metadata every child carries: the recommended labels, the owner
+//! reference, and label selectors, each built in this one place.
+
+use std::collections::BTreeMap;
+
+use kube::api::ObjectMeta;
+use kube::{Resource, ResourceExt};
+
+use crate::{Error, Result};
+
+/// Label every object Keelson manages carries; owned watches select on it.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "keelson");
+
+/// Labels on every child object, after the Kubernetes recommended labels.
+pub fn recommended_labels(app_name: &str, component: &str, instance: &str) -> BTreeMap<String, String> {
+    [
+        ("app.kubernetes.io/name", app_name),
+        ("app.kubernetes.io/instance", instance),
+        ("app.kubernetes.io/component", component),
+        MANAGED_BY,
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// `key=value,...` for a label map, as list and watch requests take it.
+pub fn selector(labels: &BTreeMap<String, String>) -> String {
+    labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+/// Selector matching every object Keelson manages, for owned watches.
+pub fn managed_selector() -> String {
+    format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)
+}
+
+/// True when `labels` holds every pair of `wanted`.
+pub fn matches(labels: &BTreeMap<String, String>, wanted: &BTreeMap<String, String>) -> bool {
+    wanted.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// Metadata of a child named `name` in the owner's namespace, without an owner.
+pub fn unowned<K: Resource>(owner: &K, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta { name: Some(name), namespace: owner.namespace(), labels: Some(labels), ..Default::default() }
+}
+
+/// Metadata of a child controlled by `owner`, garbage-collected with it.
+pub fn owned<K: Resource<DynamicType = ()>>(
+    owner: &K,
+    name: String,
+    labels: BTreeMap<String, String>,
+) -> Result<ObjectMeta> {
+    let reference = owner
+        .controller_owner_ref(&())
+        .ok_or_else(|| Error::MissingMetadata(format!("{} {} has no uid yet", K::kind(&()), owner.name_any())))?;
+    Ok(ObjectMeta { owner_references: Some(vec![reference]), ..unowned(owner, name, labels) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selector_is_sorted_and_matches() {
+        let labels: BTreeMap<String, String> = [("b".to_string(), "2".to_string()), ("a".into(), "1".into())].into();
+        assert_eq!(selector(&labels), "a=1,b=2");
+        let mut more = labels.clone();
+        more.insert("c".into(), "3".into());
+        assert!(matches(&more, &labels));
+        assert!(!matches(&labels, &more));
+    }
+}

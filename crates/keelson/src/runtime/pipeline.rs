@@ -1,0 +1,208 @@
+//! The reconcile pipeline both controllers run, stage by stage:
+//!
+//! 1. read      what the caches hold for the object ([`Reconciler::read`])
+//! 2. validate  pure; an invalid spec becomes a condition, nothing is applied
+//! 3. build     pure builders turn spec and what was read into desired children
+//! 4. apply     through the shared [`Applier`], in the controller's order
+//! 5. status    pure, from what was read and applied and the [`Outcome`]
+//! 6. write     status once, only if it changed
+//!
+//! A deleted object with a finalizer runs one more stage of the same shape:
+//! read → clean up through the applier → status → release the finalizer
+//! once the clean-up is complete.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::apply::{Applier, Child};
+use super::context::Context;
+use super::outcome::{Invalid, Outcome};
+use super::status;
+use crate::{Error, Result};
+
+/// One controller's answers to the pipeline's questions.
+pub trait Reconciler: Send + Sync + 'static {
+    /// The custom resource.
+    type Object: Child;
+    /// What the cluster holds for one object: read from caches, updated by apply.
+    type Observed: Send + Sync;
+    /// The children the spec asks for.
+    type Desired: Send;
+    type Status: Serialize + PartialEq + Debug + Send + Sync;
+
+    /// Name in metrics and logs.
+    const CONTROLLER: &'static str;
+    /// A finalizer that holds deletion until [`Reconciler::clean_up`] completes.
+    const FINALIZER: Option<&'static str> = None;
+
+    fn context(&self) -> &Context;
+
+    /// Stage 1: what the caches hold for `object`, confirmed with the API
+    /// server where a stale answer would do harm.
+    fn read(&self, object: &Self::Object) -> impl Future<Output = Result<Self::Observed>> + Send;
+
+    /// Stage 2: what only the reconciler can reject.
+    fn validate(object: &Self::Object, observed: &Self::Observed) -> Result<(), Invalid>;
+
+    /// Stage 3: the desired children.
+    fn build(object: &Self::Object, observed: &Self::Observed) -> Result<Self::Desired>;
+
+    /// Stage 4: applies the desired children; returns what the cluster has now.
+    fn apply(
+        &self,
+        object: &Self::Object,
+        observed: Self::Observed,
+        desired: Self::Desired,
+        applier: &Applier<'_>,
+    ) -> impl Future<Output = Self::Observed> + Send;
+
+    /// Stage 5: the status `object` should have.
+    fn status(object: &Self::Object, observed: &Self::Observed, outcome: &Outcome) -> Self::Status;
+
+    fn current_status(object: &Self::Object) -> Option<&Self::Status>;
+
+    /// Tells people about a status change (logs, Events); the default logs nothing.
+    fn announce(
+        &self,
+        _object: &Self::Object,
+        _new: &Self::Status,
+        _outcome: &Outcome,
+    ) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
+    /// The deletion stage, under [`Reconciler::FINALIZER`]: complete when the
+    /// applier recorded neither a failure nor a wait.
+    fn clean_up(
+        &self,
+        _object: &Self::Object,
+        _observed: &Self::Observed,
+        _applier: &Applier<'_>,
+    ) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// Runs the pipeline for one object.
+pub async fn reconcile<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>) -> Result<Action> {
+    let ctx = reconciler.context();
+    let namespace = object.namespace().ok_or_else(|| {
+        Error::MissingMetadata(format!("{} {} has no namespace", R::Object::kind(&()), object.name_any()))
+    })?;
+    let api: Api<R::Object> = Api::namespaced(ctx.client.clone(), &namespace);
+    if object.meta().deletion_timestamp.is_some() {
+        return delete(&*reconciler, &object, &api).await;
+    }
+    if let Some(finalizer) = R::FINALIZER
+        && !object.finalizers().iter().any(|f| f == finalizer)
+    {
+        add_finalizer(&api, &object, finalizer).await?;
+    }
+    let reconciled_before = object.meta().generation.is_some() && R::current_status(&object).is_some();
+    let applier = Applier::new(ctx, &*object, reconciled_before);
+
+    let observed = reconciler.read(&object).await?;
+    let observed = match R::validate(&object, &observed) {
+        Err(invalid) => {
+            applier.invalid(invalid);
+            observed
+        }
+        Ok(()) => {
+            let desired = R::build(&object, &observed)?;
+            reconciler.apply(&object, observed, desired, &applier).await
+        }
+    };
+    let outcome = applier.finish();
+    let new_status = R::status(&object, &observed, &outcome);
+    write_status::<R>(reconciler.as_ref(), &object, &new_status, &outcome).await?;
+    outcome.into_action()
+}
+
+/// The deletion stage: clean up, write status, release the finalizer when done.
+async fn delete<R: Reconciler>(reconciler: &R, object: &R::Object, api: &Api<R::Object>) -> Result<Action> {
+    let Some(finalizer) = R::FINALIZER else {
+        // Owner references hand the children to the garbage collector.
+        return Ok(Action::await_change());
+    };
+    let Some(position) = object.finalizers().iter().position(|f| f == finalizer) else {
+        return Ok(Action::await_change());
+    };
+    let applier = Applier::new(reconciler.context(), object, true);
+    let observed = reconciler.read(object).await?;
+    reconciler.clean_up(object, &observed, &applier).await;
+    let outcome = applier.finish();
+    let new_status = R::status(object, &observed, &outcome);
+    if let Err(error) = write_status::<R>(reconciler, object, &new_status, &outcome).await {
+        // Status is news, not a condition of the clean-up.
+        tracing::debug!(%error, "could not write status of a deleted object");
+    }
+    if !outcome.is_complete() {
+        return outcome.into_action();
+    }
+    // `test` makes the removal fail if the list changed since we read it.
+    let patch = json!([
+        { "op": "test", "path": format!("/metadata/finalizers/{position}"), "value": finalizer },
+        { "op": "remove", "path": format!("/metadata/finalizers/{position}") },
+    ]);
+    patch_json(api, object, patch, "remove finalizer").await?;
+    Ok(Action::await_change())
+}
+
+async fn add_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+{
+    let patch = match &object.meta().finalizers {
+        None => json!([
+            { "op": "test", "path": "/metadata/finalizers", "value": null },
+            { "op": "add", "path": "/metadata/finalizers", "value": [finalizer] },
+        ]),
+        Some(current) => json!([
+            { "op": "test", "path": "/metadata/finalizers", "value": current },
+            { "op": "add", "path": "/metadata/finalizers/-", "value": finalizer },
+        ]),
+    };
+    patch_json(api, object, patch, "add finalizer").await
+}
+
+async fn patch_json<K>(api: &Api<K>, object: &K, patch: serde_json::Value, action: &str) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+{
+    let patch: json_patch::Patch =
+        serde_json::from_value(patch).map_err(|source| Error::Serialize { what: "finalizer patch", source })?;
+    api.patch::<()>(&object.name_any(), &PatchParams::default(), &Patch::Json(patch))
+        .await
+        .map_err(Error::kube(format!("{action} of {} {}", K::kind(&()), object.name_any())))?;
+    Ok(())
+}
+
+/// Writes status if it changed; an invalid spec is announced once, when it first shows.
+async fn write_status<R: Reconciler>(
+    reconciler: &R,
+    object: &R::Object,
+    new_status: &R::Status,
+    outcome: &Outcome,
+) -> Result<()> {
+    let ctx = reconciler.context();
+    if !status::write_if_changed(ctx, R::CONTROLLER, object, R::current_status(object), new_status).await? {
+        return Ok(());
+    }
+    if let Some(invalid) = &outcome.invalid {
+        let (namespace, name) = (object.namespace().unwrap_or_default(), object.name_any());
+        tracing::warn!(namespace, name, field = invalid.field, "invalid spec: {}", invalid.message);
+        let note = invalid.message.clone();
+        ctx.event(&object.object_ref(&()), EventType::Warning, "InvalidSpec", "Validate", note).await;
+    }
+    reconciler.announce(object, new_status, outcome).await;
+    Ok(())
+}
