@@ -176,6 +176,50 @@ SC
   } | "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig" apply --server-side -f - >/dev/null
 }
 
+etcd_ok() { curl -sf "http://127.0.0.1:$ETCD_PORT/health"; }
+
+start_component() { # start_component NAME: one component with its flags
+  case "$1" in
+    etcd)
+      log "starting etcd on 127.0.0.1:$ETCD_PORT"
+      start etcd --name default --data-dir "$DIR/etcd" \
+        --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+        --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+        --initial-cluster "default=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --log-level warn ;;
+    kube-apiserver)
+      log "starting kube-apiserver on 127.0.0.1:$API_PORT"
+      start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+        --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+        --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" \
+        --client-ca-file "$DIR/pki/ca.crt" --token-auth-file "$DIR/pki/tokens.csv" \
+        --authorization-mode Node,RBAC --allow-privileged=true \
+        --service-cluster-ip-range 10.96.0.0/16 --endpoint-reconciler-type none \
+        --service-account-issuer https://kubernetes.default.svc.cluster.local \
+        --service-account-key-file "$DIR/pki/sa.pub" --service-account-signing-key-file "$DIR/pki/sa.key" \
+        --audit-policy-file "$DIR/audit-policy.yaml" --audit-log-path "$DIR/audit.log" \
+        --audit-log-maxsize 200 --audit-log-maxbackup 2 \
+        --profiling=false --v 1 ;;
+    kube-controller-manager)
+      start kube-controller-manager --kubeconfig "$DIR/kubeconfig" \
+        --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
+        --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" \
+        --controllers '*' --enable-hostpath-provisioner=true \
+        --authorization-always-allow-paths /healthz,/readyz,/livez,/metrics \
+        --concurrent-deployment-syncs 10 --concurrent-replicaset-syncs 10 --concurrent-statefulset-syncs 10 \
+        --concurrent-gc-syncs 20 --kube-api-qps 500 --kube-api-burst 1000 --profiling=false --v 1 ;;
+    kube-scheduler)
+      start kube-scheduler --kubeconfig "$DIR/kubeconfig" \
+        --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false \
+        --kube-api-qps 500 --kube-api-burst 1000 --profiling=false --v 1 ;;
+    kwok)
+      start kwok --kubeconfig "$DIR/kubeconfig" --manage-all-nodes=false \
+        --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
+        --cidr 10.244.0.0/16 --node-ip 10.255.0.1 --server-address "127.0.0.1:$KWOK_PORT" \
+        --config "$BIN/kwok-stages.yaml" ;;
+    *) die "unknown component $1 (one of: ${COMPONENTS[*]})" ;;
+  esac
+}
+
 up() {
   BIN="$("$ROOT/hack/k8s-binaries.sh")"
   if [[ -f "$DIR/ports" ]] && all_alive; then
@@ -194,40 +238,14 @@ up() {
   source "$DIR/ports"
   make_pki
   write_kubeconfig
-  log "starting etcd on 127.0.0.1:$ETCD_PORT"
-  start etcd --name default --data-dir "$DIR/etcd" \
-    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
-    --initial-cluster "default=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --log-level warn
-  wait_until 60 etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health"
-  log "starting kube-apiserver on 127.0.0.1:$API_PORT"
-  start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
-    --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" \
-    --client-ca-file "$DIR/pki/ca.crt" --token-auth-file "$DIR/pki/tokens.csv" \
-    --authorization-mode Node,RBAC --allow-privileged=true \
-    --service-cluster-ip-range 10.96.0.0/16 --endpoint-reconciler-type none \
-    --service-account-issuer https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file "$DIR/pki/sa.pub" --service-account-signing-key-file "$DIR/pki/sa.key" \
-    --audit-policy-file "$DIR/audit-policy.yaml" --audit-log-path "$DIR/audit.log" \
-    --audit-log-maxsize 200 --audit-log-maxbackup 2 \
-    --profiling=false --v 1
+  start_component etcd
+  wait_until 60 etcd etcd_ok
+  start_component kube-apiserver
   wait_until 120 "kube-apiserver /readyz" readyz_ok
   log "starting kube-controller-manager, kube-scheduler and kwok"
-  start kube-controller-manager --kubeconfig "$DIR/kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
-    --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" \
-    --controllers '*' --enable-hostpath-provisioner=true \
-    --authorization-always-allow-paths /healthz,/readyz,/livez,/metrics \
-    --concurrent-deployment-syncs 10 --concurrent-replicaset-syncs 10 --concurrent-statefulset-syncs 10 \
-    --concurrent-gc-syncs 20 --kube-api-qps 500 --kube-api-burst 1000 --profiling=false --v 1
-  start kube-scheduler --kubeconfig "$DIR/kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false \
-    --kube-api-qps 500 --kube-api-burst 1000 --profiling=false --v 1
-  start kwok --kubeconfig "$DIR/kubeconfig" --manage-all-nodes=false \
-    --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
-    --cidr 10.244.0.0/16 --node-ip 10.255.0.1 --server-address "127.0.0.1:$KWOK_PORT" \
-    --config "$BIN/kwok-stages.yaml"
+  start_component kube-controller-manager
+  start_component kube-scheduler
+  start_component kwok
   sleep 1
   all_alive || wait_until 0 "every component to stay up" all_alive
   cluster_objects
@@ -270,6 +288,32 @@ down() {
   log "cluster stopped (logs kept in $DIR)"
 }
 
+# One component of a running cluster, for failure tests: `stop NAME`, `start NAME`
+# (waits until it serves again where it has a health check), `restart NAME`.
+with_running_cluster() {
+  BIN="$("$ROOT/hack/k8s-binaries.sh")"
+  [[ -f "$DIR/ports" ]] || die "no cluster in $DIR"
+  # shellcheck disable=SC1091
+  source "$DIR/ports"
+}
+
+stop_one() {
+  with_running_cluster
+  printf '%s\n' "${COMPONENTS[@]}" | grep -qx "$1" || die "unknown component $1 (one of: ${COMPONENTS[*]})"
+  stop_pid "$1"
+  log "stopped $1"
+}
+
+start_one() {
+  with_running_cluster
+  start_component "$1"
+  case "$1" in
+    etcd) wait_until 60 etcd etcd_ok ;;
+    kube-apiserver) wait_until 120 "kube-apiserver /readyz" readyz_ok ;;
+  esac
+  log "started $1"
+}
+
 status() {
   if [[ -f "$DIR/ports" ]] && all_alive; then
     # shellcheck disable=SC1091
@@ -283,5 +327,8 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  stop) stop_one "${2:?component}" ;;
+  start) start_one "${2:?component}" ;;
+  restart) stop_one "${2:?component}"; start_one "$2" ;;
+  *) echo "usage: $0 up|down|status|stop NAME|start NAME|restart NAME" >&2; exit 2 ;;
 esac

@@ -120,15 +120,16 @@ pub async fn run_controllers(
 ) {
     let synced = Arc::new(AtomicUsize::new(0));
     let runs = CONTROLLERS.iter().map(|controller| {
-        let (synced, readiness) = (synced.clone(), readiness.clone());
+        let (synced, ready) = (synced.clone(), readiness.clone());
         let on_synced = Box::new(move || {
             if synced.fetch_add(1, Ordering::SeqCst) + 1 == CONTROLLERS.len() {
                 tracing::info!("caches synced; ready");
-                readiness.set_ready();
+                ready.set_ready();
             }
         });
         (controller.run)(RunParams {
             ctx: ctx.clone(),
+            readiness: readiness.clone(),
             namespace: namespace.clone(),
             concurrency,
             on_synced,

@@ -433,6 +433,50 @@ async fn updates_replicas_version_storage_and_schedule() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An outsider's rename of an env var or of a volume (with its mount) is
+/// set back exactly: server-side apply alone would keep both entries.
+#[tokio::test]
+async fn edited_env_and_volumes_of_the_statefulset_are_taken_back() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::namespace(&cluster, "mydb-list-drift").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    create_running(&ns, None).await?;
+    let sets = ns.api::<StatefulSet>();
+    let pod_spec = |s: &StatefulSet| s.spec.as_ref().and_then(|s| s.template.spec.clone()).unwrap_or_default();
+    let original = pod_spec(&sets.get(NAME).await?);
+    let env_names = |s: &StatefulSet| -> Vec<String> {
+        pod_spec(s).containers[0].env.clone().unwrap_or_default().into_iter().map(|e| e.name).collect()
+    };
+    let volume_names = |s: &StatefulSet| -> Vec<String> {
+        pod_spec(s).volumes.unwrap_or_default().into_iter().map(|v| v.name).collect()
+    };
+    let want_env: Vec<String> =
+        original.containers[0].env.clone().unwrap_or_default().into_iter().map(|e| e.name).collect();
+    let want_volumes: Vec<String> = original.volumes.clone().unwrap_or_default().into_iter().map(|v| v.name).collect();
+    let tmp_volume = want_volumes.iter().position(|v| v == "tmp").expect("a tmp volume");
+    let tmp_mount = original.containers[0]
+        .volume_mounts
+        .clone()
+        .unwrap_or_default()
+        .iter()
+        .position(|m| m.name == "tmp")
+        .expect("a tmp mount");
+
+    let rename_env = r#"[{"op":"replace","path":"/spec/template/spec/containers/0/env/1/name","value":"RENAMED"}]"#;
+    kubectl(&["-n", &ns.name, "patch", "statefulset", NAME, "--type=json", "-p", rename_env])?;
+    wait_for(&sets, NAME, "the env list exactly as before", DEFAULT_TIMEOUT, |s| env_names(s) == want_env).await?;
+
+    let rename_volume = format!(
+        r#"[{{"op":"replace","path":"/spec/template/spec/volumes/{tmp_volume}/name","value":"scratch"}},
+            {{"op":"replace","path":"/spec/template/spec/containers/0/volumeMounts/{tmp_mount}/name","value":"scratch"}}]"#
+    );
+    kubectl(&["-n", &ns.name, "patch", "statefulset", NAME, "--type=json", "-p", &rename_volume])?;
+    wait_for(&sets, NAME, "the volumes exactly as before", DEFAULT_TIMEOUT, |s| volume_names(s) == want_volumes)
+        .await?;
+    wait_for(&ns.api::<MyDatabase>(), NAME, "Running 3/3 again", DEFAULT_TIMEOUT, running(3)).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn restart_over_a_running_database_writes_nothing() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();

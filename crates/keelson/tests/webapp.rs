@@ -149,6 +149,60 @@ async fn deleted_service_is_recreated_and_edited_type_reverted() -> anyhow::Resu
     Ok(())
 }
 
+/// Kubernetes merges list entries by key; an outsider who edits a key (a
+/// port number, a container's name) must still see the list set back exactly.
+#[tokio::test]
+async fn edited_list_keys_are_taken_back_exactly() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::namespace(&cluster, "webapp-list-drift").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    create_running(&ns, 1).await?;
+    let (services, deployments) = (ns.api::<Service>(), ns.api::<Deployment>());
+    let json_patch = |kind: &str, name: &str, patch: &str| {
+        kubectl(&["-n", &ns.name, "patch", kind, name, "--type=json", "-p", patch]).map(|_| ())
+    };
+
+    json_patch("service", "sandy-app-service", r#"[{"op":"replace","path":"/spec/ports/0/port","value":8080}]"#)?;
+    wait_for(&services, "sandy-app-service", "exactly port 80 again", DEFAULT_TIMEOUT, |s| {
+        let ports = s.spec.as_ref().and_then(|s| s.ports.clone()).unwrap_or_default();
+        ports.len() == 1 && ports[0].port == 80
+    })
+    .await?;
+    wait_for_event(&ns, "DriftCorrected", "8080").await?;
+
+    let container_ports = |d: &Deployment| -> Vec<i32> {
+        let containers = d.spec.as_ref().and_then(|s| s.template.spec.as_ref()).map(|p| p.containers.clone());
+        containers
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|c| c.ports.clone().unwrap_or_default())
+            .map(|p| p.container_port)
+            .collect()
+    };
+    let path = "/spec/template/spec/containers/0/ports/0/containerPort";
+    json_patch("deployment", "sandy-app", &format!(r#"[{{"op":"replace","path":"{path}","value":9090}}]"#))?;
+    wait_for(&deployments, "sandy-app", "exactly container port 80 again", DEFAULT_TIMEOUT, |d| {
+        container_ports(d) == [80]
+    })
+    .await?;
+
+    let container_names = |d: &Deployment| -> Vec<String> {
+        let containers = d.spec.as_ref().and_then(|s| s.template.spec.as_ref()).map(|p| p.containers.clone());
+        containers.unwrap_or_default().into_iter().map(|c| c.name).collect()
+    };
+    json_patch(
+        "deployment",
+        "sandy-app",
+        r#"[{"op":"replace","path":"/spec/template/spec/containers/0/name","value":"renamed"}]"#,
+    )?;
+    wait_for(&deployments, "sandy-app", "exactly the container webapp again", DEFAULT_TIMEOUT, |d| {
+        container_names(d) == ["webapp"]
+    })
+    .await?;
+    wait_for(&ns.api::<WebApp>(), "sandy-app", "Running again", DEFAULT_TIMEOUT, is_running_with(1)).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn spec_edits_are_followed() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();

@@ -7,6 +7,7 @@
 //! - [`wait_for`] polls a condition through a watch with a timeout and, on
 //!   timeout, prints the object, everything in its namespace and the Events.
 
+pub mod control_plane;
 mod diagnostics;
 mod namespace;
 pub mod postgres;

@@ -28,7 +28,6 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 
 use crate::api::MyDatabase;
 use crate::runtime::controller::{ControllerDef, RunParams, drive, stopped};
@@ -82,24 +81,32 @@ fn owning_database<K: kube::Resource>(object: K) -> Option<ObjectRef<MyDatabase>
 
 /// Runs the MyDatabase controller until shutdown.
 pub async fn run(params: RunParams) {
-    let RunParams { ctx, namespace, concurrency, on_synced, shutdown } = params;
+    let RunParams { ctx, readiness, namespace, concurrency, on_synced, shutdown } = params;
     let namespace = namespace.as_deref();
     let client = &ctx.client;
     let managed = meta::managed_selector();
     let of_component = |component: &str| format!("{managed},app.kubernetes.io/component={component}");
-    let (statefulsets, statefulset_events) = cache::watch(scoped_api::<StatefulSet>(client, namespace), &managed);
-    let (services, service_events) = cache::watch(scoped_api::<Service>(client, namespace), &managed);
-    let (secrets, secret_events) = cache::watch(scoped_api::<Secret>(client, namespace), &managed);
-    let (config_maps, config_map_events) = cache::watch(scoped_api::<ConfigMap>(client, namespace), &managed);
-    let (cron_jobs, cron_job_events) = cache::watch(scoped_api::<CronJob>(client, namespace), &managed);
+    let watch = |kind: &str| readiness.watch(format!("{}/{kind}", reconcile::CONTROLLER));
+    let (databases, database_events) =
+        cache::watch(scoped_api::<MyDatabase>(client, namespace), "", watch("MyDatabase"));
+    let (statefulsets, statefulset_events) =
+        cache::watch(scoped_api::<StatefulSet>(client, namespace), &managed, watch("StatefulSet"));
+    let (services, service_events) = cache::watch(scoped_api::<Service>(client, namespace), &managed, watch("Service"));
+    let (secrets, secret_events) = cache::watch(scoped_api::<Secret>(client, namespace), &managed, watch("Secret"));
+    let (config_maps, config_map_events) =
+        cache::watch(scoped_api::<ConfigMap>(client, namespace), &managed, watch("ConfigMap"));
+    let (cron_jobs, cron_job_events) =
+        cache::watch(scoped_api::<CronJob>(client, namespace), &managed, watch("CronJob"));
     let (disruption_budgets, disruption_budget_events) =
-        cache::watch(scoped_api::<PodDisruptionBudget>(client, namespace), &managed);
+        cache::watch(scoped_api::<PodDisruptionBudget>(client, namespace), &managed, watch("PodDisruptionBudget"));
     // Backup Jobs, database pods and volumes belong to the CronJob, the
     // StatefulSet or no one: mapped to their MyDatabase by label.
-    let (jobs, job_events) = cache::watch(scoped_api::<Job>(client, namespace), &of_component("backup"));
-    let (pods, pod_events) = cache::watch(scoped_api::<Pod>(client, namespace), &of_component("database"));
-    let (claims, claim_events) = cache::watch(scoped_api::<PersistentVolumeClaim>(client, namespace), &managed);
-    let controller = Controller::new(scoped_api::<MyDatabase>(client, namespace), watcher::Config::default())
+    let (jobs, job_events) = cache::watch(scoped_api::<Job>(client, namespace), &of_component("backup"), watch("Job"));
+    let (pods, pod_events) =
+        cache::watch(scoped_api::<Pod>(client, namespace), &of_component("database"), watch("Pod"));
+    let (claims, claim_events) =
+        cache::watch(scoped_api::<PersistentVolumeClaim>(client, namespace), &managed, watch("PersistentVolumeClaim"));
+    let controller = Controller::for_stream(database_events, databases)
         .owns_stream(statefulset_events)
         .owns_stream(service_events)
         .owns_stream(secret_events)

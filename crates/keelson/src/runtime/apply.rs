@@ -211,10 +211,23 @@ impl<'a> Applier<'a> {
         if let (ChildChange::Unchanged, Some(actual)) = (&change, actual) {
             return Ok((actual, ChildChange::Unchanged));
         }
-        let applied = api
-            .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
-            .await
-            .map_err(Error::kube(format!("apply {kind} {name}")))?;
+        // Server-side apply merges list entries by key, so it cannot take back
+        // an outsider's edit of a key (a Service port, a container's name): it
+        // would add Keelson's entry beside the foreign one, or be refused as a
+        // duplicate. A JSON merge patch replaces each list Keelson sets whole,
+        // so drift is set back exactly; maps (labels, annotations) still merge.
+        let patch = match change {
+            ChildChange::DriftCorrected(_) => {
+                api.patch(
+                    &name,
+                    &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() },
+                    &Patch::Merge(&desired),
+                )
+                .await
+            }
+            _ => api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await,
+        };
+        let applied = patch.map_err(Error::kube(format!("apply {kind} {name}")))?;
         Ok((applied, change))
     }
 }

@@ -1,29 +1,63 @@
 //! Watch caches of children: one watch per kind feeds both a store that
 //! reconciles read from (no GET per reconcile) and the controller's triggers.
 
-use futures::{FutureExt, Stream};
+use futures::{FutureExt, Stream, StreamExt, future};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::utils::ResetTimerBackoff;
+use kube::runtime::watcher::ExponentialBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use super::health::WatchHealth;
 use super::meta;
 
 /// A watch of `api` filtered by `labels`, cached; managedFields are dropped to
-/// save memory. Returns the cache and the stream of touched objects.
-pub fn watch<K>(api: Api<K>, labels: &str) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+/// save memory. It retries with backoff for ever and reports its failures to
+/// `health`. Returns the cache and the stream of touched objects, which never
+/// carries an error.
+pub fn watch<K>(
+    api: Api<K>,
+    labels: &str,
+    health: WatchHealth,
+) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store::<K>();
     let stream = watcher(api, watcher::Config::default().labels(labels))
-        .default_backoff()
+        .backoff(retry_backoff())
+        .inspect(move |event| match event {
+            Ok(_) => health.working(),
+            Err(error) => health.failed(error),
+        })
         .modify(|object| object.managed_fields_mut().clear())
         .reflect(writer)
-        .touched_objects();
+        .touched_objects()
+        // Each watch retries on its own, above. An error passed on to the
+        // controller would pause *all* its watches behind one shared backoff
+        // that grows to 30 s and re-arms on any watch's next error: with ten
+        // watches failing in turn after an API-server restart, the controller
+        // stayed blind for minutes.
+        .filter_map(|event| future::ready(event.ok().map(Ok)));
     (store, stream)
+}
+
+/// How a failed watch retries: 200 ms doubling to at most 2 s, jittered, for
+/// ever; forgotten after a minute of health. kube's default grows to 30 s, which
+/// left the operator blind for up to a minute after an API-server restart; a
+/// watch retry is one cheap request, so a short cap costs the API server little.
+fn retry_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
+    let exponential = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(2))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    ResetTimerBackoff::new(ExponentialBackoff::from(exponential), Duration::from_secs(60))
 }
 
 /// True once the cache holds its first full list.

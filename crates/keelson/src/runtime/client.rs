@@ -13,9 +13,14 @@ use tower::{Layer, Service};
 
 use super::metrics::{HttpLabels, Metrics};
 
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Builds the client from the ambient configuration (KUBECONFIG or in-cluster).
 pub async fn build(metrics: Arc<Metrics>) -> Result<Client, kube::Error> {
-    let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+    let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+    // A connection to an API server that is shutting down can hang until this
+    // runs out; kube's 30 s kept watches away from a restarted server for as long.
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
     Ok(ClientBuilder::try_from(config)?.with_layer(&CountRequests(metrics)).build())
 }
 

@@ -15,6 +15,7 @@ use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 
 use super::context::Context;
+use super::health::Readiness;
 use super::metrics::{ControllerLabels, ErrorLabels};
 use super::permissions::Permission;
 use super::pipeline::{self, Reconciler};
@@ -25,6 +26,8 @@ use crate::{Error, Result};
 /// synced, and a flag that turns true on shutdown.
 pub struct RunParams {
     pub ctx: Arc<Context>,
+    /// Where the controller's watches report their health.
+    pub readiness: Readiness,
     pub namespace: Option<String>,
     pub concurrency: u16,
     pub on_synced: Box<dyn FnOnce() + Send>,

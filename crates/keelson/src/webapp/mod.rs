@@ -16,7 +16,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::Controller;
 use kube::runtime::controller;
-use kube::runtime::watcher;
 
 use crate::api::WebApp;
 use crate::runtime::controller::{ControllerDef, RunParams, drive, stopped};
@@ -37,12 +36,16 @@ pub const RBAC: &[Permission] = &[
 
 /// Runs the WebApp controller until shutdown.
 pub async fn run(params: RunParams) {
-    let RunParams { ctx, namespace, concurrency, on_synced, shutdown } = params;
+    let RunParams { ctx, readiness, namespace, concurrency, on_synced, shutdown } = params;
     let namespace = namespace.as_deref();
     let managed = meta::managed_selector();
-    let (deployments, deployment_events) = cache::watch(scoped_api::<Deployment>(&ctx.client, namespace), &managed);
-    let (services, service_events) = cache::watch(scoped_api::<Service>(&ctx.client, namespace), &managed);
-    let controller = Controller::new(scoped_api::<WebApp>(&ctx.client, namespace), watcher::Config::default())
+    let watch = |kind: &str| readiness.watch(format!("{}/{kind}", reconcile::CONTROLLER));
+    let (apps, app_events) = cache::watch(scoped_api::<WebApp>(&ctx.client, namespace), "", watch("WebApp"));
+    let (deployments, deployment_events) =
+        cache::watch(scoped_api::<Deployment>(&ctx.client, namespace), &managed, watch("Deployment"));
+    let (services, service_events) =
+        cache::watch(scoped_api::<Service>(&ctx.client, namespace), &managed, watch("Service"));
+    let controller = Controller::for_stream(app_events, apps)
         .owns_stream(deployment_events)
         .owns_stream(service_events)
         .with_config(controller::Config::default().concurrency(concurrency))

@@ -153,9 +153,12 @@ mod tests {
         api.answer("GET", "/deployments/sandy-app", 200, serde_json::to_value(&drifted).expect("json"));
         let reconciler = reconciler(client, vec![drifted], vec![service]);
         pipeline::reconcile(Arc::new(app), reconciler.clone()).await.expect("reconciles");
-        assert_eq!(api.applies(), ["deployments/sandy-app"]);
-        let sent = api.requests().into_iter().find(|r| r.is_apply()).expect("apply");
+        // Drift is set back with a merge patch, which replaces lists whole.
+        let writes = api.writes();
+        let sent = writes.iter().find(|r| r.path.ends_with("/deployments/sandy-app")).expect("a write");
+        assert!(sent.content_type.starts_with("application/merge-patch"), "{sent:?}");
         assert_eq!(sent.body["spec"]["replicas"], 3);
+        assert_eq!(sent.body["spec"]["template"]["spec"]["containers"].as_array().map(Vec::len), Some(1));
         let drift = DriftLabels { kind: "Deployment".into(), field: "spec.replicas".into() };
         assert_eq!(reconciler.ctx.metrics.drift_corrections.get_or_create(&drift).get(), 1);
     }

@@ -1,0 +1,49 @@
+//! Stopping and starting one component of the local dev cluster, for
+//! failure tests (`hack/cluster.sh stop|start NAME`).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::Context as _;
+
+/// The dev cluster `KUBECONFIG` belongs to, when it is one `make cluster-up` made.
+pub struct ControlPlane {
+    dir: PathBuf,
+    script: PathBuf,
+}
+
+impl ControlPlane {
+    /// The cluster whose folder holds the kubeconfig in use; None for a cluster of one's own.
+    pub fn of_kubeconfig() -> Option<Self> {
+        let kubeconfig = PathBuf::from(std::env::var("KUBECONFIG").ok()?);
+        let dir = kubeconfig.parent()?.to_path_buf();
+        dir.join("ports")
+            .is_file()
+            .then(|| Self { dir, script: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../hack/cluster.sh") })
+    }
+
+    fn run(&self, verb: &str, component: &str) -> anyhow::Result<()> {
+        let output = Command::new("bash")
+            .arg(&self.script)
+            .args([verb, component])
+            .env("KEELSON_CLUSTER_DIR", &self.dir)
+            .output()
+            .with_context(|| format!("cannot run {}", self.script.display()))?;
+        anyhow::ensure!(
+            output.status.success(),
+            "cluster.sh {verb} {component} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
+
+    /// Stops `component` (e.g. `kube-apiserver`).
+    pub fn stop(&self, component: &str) -> anyhow::Result<()> {
+        self.run("stop", component)
+    }
+
+    /// Starts `component` again and waits until it serves.
+    pub fn start(&self, component: &str) -> anyhow::Result<()> {
+        self.run("start", component)
+    }
+}
