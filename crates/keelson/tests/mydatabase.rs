@@ -164,6 +164,11 @@ async fn invalid_specs_are_rejected_or_reported_naming_the_field() -> anyhow::Re
         (json!({"version": "9.6"}), "spec.version"),
         (json!({"version": "latest"}), "spec.version"),
         (json!({"storage": "lots"}), "spec.storage"),
+        (json!({"storage": "0"}), "spec.storage"),
+        (json!({"storage": "-1Gi"}), "spec.storage"),
+        (json!({"backup": {"schedule": "0 2 * * *", "retention": "7d", "storage": "0"}}), "spec.backup.storage"),
+        (json!({"imageRepository": "my registry/postgres"}), "spec.imageRepository"),
+        (json!({"imageRepository": "postgres:15"}), "spec.imageRepository"),
         (json!({"backup": {"schedule": "0 2 * *", "retention": "7d"}}), "spec.backup.schedule"),
         (json!({"backup": {"schedule": "0 2 * * *", "retention": "7 days"}}), "spec.backup.retention"),
         (json!({"deletionPolicy": "Shred"}), "spec.deletionPolicy"),
@@ -226,6 +231,36 @@ async fn invalid_specs_are_rejected_or_reported_naming_the_field() -> anyhow::Re
     )
     .await?;
     wait_for(&dbs, "bad-cron", "Running after the fix", DEFAULT_TIMEOUT, running(1)).await?;
+    // The CRD takes the macros a CronJob takes, and so does the reconciler: one rule.
+    dbs.patch("bad-cron", &PatchParams::default(), &Patch::Merge(json!({"spec": {"backup": {"schedule": "@daily"}}})))
+        .await?;
+    let daily = wait_for(&dbs, "bad-cron", "observed @daily", DEFAULT_TIMEOUT, |db| {
+        db.status.as_ref().and_then(|s| s.observed_generation) == db.metadata.generation
+    })
+    .await?;
+    assert_eq!(condition(&daily, "SpecValid").map(|c| c.0).as_deref(), Some("True"));
+    Ok(())
+}
+
+/// The longest name whose children all fit is accepted and runs; one more character is refused.
+#[tokio::test]
+async fn names_are_limited_by_the_longest_child_name() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::namespace(&cluster, "mydb-name-limit").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let dbs = ns.api::<MyDatabase>();
+    let named = |name: String| -> anyhow::Result<MyDatabase> {
+        Ok(serde_json::from_value(json!({"apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase",
+            "metadata": {"name": name}, "spec": {"replicas": 1, "version": "15", "storage": "1Gi",
+            "backup": {"schedule": "0 2 * * *", "retention": "7d"}}}))?)
+    };
+    let refused =
+        dbs.create(&PostParams::default(), &named("a".repeat(46))?).await.expect_err("46 characters accepted");
+    assert!(refused.to_string().contains("at most 45 characters"), "{refused}");
+    let longest = "b".repeat(45);
+    dbs.create(&PostParams::default(), &named(longest.clone())?).await?;
+    wait_for(&dbs, &longest, "Running with every child", DEFAULT_TIMEOUT, running(1)).await?;
+    assert!(ns.api::<CronJob>().get_opt(&format!("{longest}-backup")).await?.is_some());
     Ok(())
 }
 

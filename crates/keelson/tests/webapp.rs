@@ -343,6 +343,9 @@ async fn invalid_specs_are_rejected_naming_the_field() -> anyhow::Result<()> {
         (json!({"replicas": 1}), "spec.image"),
         (json!({"replicas": 1, "image": "nginx", "serviceType": "Ingress"}), "spec.serviceType"),
         (json!({"replicas": 1, "image": "nginx", "port": 70000}), "spec.port"),
+        (json!({"replicas": 1, "image": "nginx latest"}), "spec.image"),
+        (json!({"replicas": 1, "image": "Registry/Team/App:1"}), "spec.image"),
+        (json!({"replicas": 1, "image": " nginx"}), "spec.image"),
     ];
     for (index, (spec, field)) in cases.into_iter().enumerate() {
         let manifest = json!({
@@ -362,5 +365,31 @@ async fn invalid_specs_are_rejected_naming_the_field() -> anyhow::Result<()> {
         "apiVersion": "apps.keelson.dev/v1", "kind": "WebApp", "metadata": {"name": "defaults"}, "spec": {"image": "nginx"}
     }))?).await?;
     assert_eq!((created.spec.replicas, created.spec.port, created.spec.service_type), (1, 80, ServiceType::NodePort));
+    // Valid references of every shape are accepted.
+    for (index, image) in
+        ["registry.example.com:5000/team/app:1.2.3", "ghcr.io/a_b/c-d", &format!("nginx@sha256:{}", "a".repeat(64))]
+            .into_iter()
+            .enumerate()
+    {
+        let app = WebApp::new(&format!("image-{index}"), WebAppSpec { image: image.into(), ..tutorial_app(1).spec });
+        ns.api::<WebApp>().create(&PostParams::default(), &app).await?;
+    }
+    Ok(())
+}
+
+/// The longest name whose children all fit is accepted and runs; one more character is refused.
+#[tokio::test]
+async fn names_are_limited_by_the_longest_child_name() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::namespace(&cluster, "webapp-name-limit").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let apps = ns.api::<WebApp>();
+    let too_long = WebApp::new(&"a".repeat(56), tutorial_app(1).spec);
+    let refused = apps.create(&PostParams::default(), &too_long).await.expect_err("56 characters accepted");
+    assert!(refused.to_string().contains("at most 55 characters"), "{refused}");
+    let longest = "b".repeat(55);
+    apps.create(&PostParams::default(), &WebApp::new(&longest, tutorial_app(1).spec)).await?;
+    wait_for(&apps, &longest, "Running with every child", DEFAULT_TIMEOUT, is_running_with(1)).await?;
+    assert!(ns.api::<Service>().get_opt(&format!("{longest}-service")).await?.is_some());
     Ok(())
 }

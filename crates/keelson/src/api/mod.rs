@@ -6,6 +6,7 @@
 
 pub mod conditions;
 pub mod mydatabase;
+pub mod reference;
 pub mod webapp;
 
 pub use mydatabase::MyDatabase;

@@ -5,6 +5,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+use super::reference;
+
 /// PostgreSQL major versions Keelson knows how to run and replicate.
 pub const SUPPORTED_MAJORS: &[u32] = &[13, 14, 15, 16, 17];
 
@@ -42,13 +44,14 @@ pub struct MyDatabaseSpec {
 
     /// Size of each instance's data volume, a Kubernetes quantity such as `100Gi`. May grow, never shrink.
     #[schemars(length(min = 1, max = 32))]
-    #[x_kube(validation = Rule::new("isQuantity(self)").message("must be a quantity such as 10Gi"))]
+    #[x_kube(validation = Rule::new(reference::POSITIVE_QUANTITY_RULE).message(reference::POSITIVE_QUANTITY_MESSAGE))]
     #[x_kube(validation = Rule::new("!isQuantity(self) || !isQuantity(oldSelf) || quantity(self).compareTo(quantity(oldSelf)) >= 0").message("storage may grow but never shrink"))]
     pub storage: String,
 
     /// Image repository; the image is `<imageRepository>:<version>`. Override it for a private registry.
     #[serde(default = "default_image_repository")]
     #[schemars(length(min = 1, max = 256))]
+    #[x_kube(validation = Rule::new(reference::REPOSITORY_RULE).message(reference::REPOSITORY_MESSAGE))]
     pub image_repository: String,
 
     /// Scheduled logical backups (pg_dump) with retention. No backups when absent.
@@ -66,8 +69,12 @@ pub struct MyDatabaseSpec {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupSpec {
-    /// Cron schedule with 5 fields (minute hour day-of-month month day-of-week), e.g. `0 2 * * *`.
-    #[schemars(regex(pattern = r"^\s*(\S+\s+){4}\S+\s*$"), length(max = 128))]
+    /// Cron schedule with 5 fields (minute hour day-of-month month day-of-week), e.g. `0 2 * * *`,
+    /// or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly, as CronJobs take it.
+    #[schemars(
+        regex(pattern = r"^\s*(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4}\S+)\s*$"),
+        length(max = 128)
+    )]
     pub schedule: String,
 
     /// How long a backup is kept: a number and a unit, h (hours), d (days) or w (weeks), e.g. `7d`.
@@ -78,7 +85,7 @@ pub struct BackupSpec {
     /// Size of the volume that holds the backups.
     #[serde(default = "default_backup_storage")]
     #[schemars(length(min = 1, max = 32))]
-    #[x_kube(validation = Rule::new("isQuantity(self)").message("must be a quantity such as 10Gi"))]
+    #[x_kube(validation = Rule::new(reference::POSITIVE_QUANTITY_RULE).message(reference::POSITIVE_QUANTITY_MESSAGE))]
     pub storage: String,
 }
 

@@ -4,6 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+use super::reference;
+
 /// Desired state of a WebApp: how many copies of which image, and how it is exposed.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -34,7 +36,7 @@ pub struct WebAppSpec {
 
     /// Container image to run, e.g. `nginx:1.25-alpine`.
     #[schemars(length(min = 1, max = 512))]
-    #[x_kube(validation = Rule::new("self.trim() == self").message("must not have leading or trailing whitespace"))]
+    #[x_kube(validation = Rule::new(reference::IMAGE_RULE).message(reference::IMAGE_MESSAGE))]
     pub image: String,
 
     /// Port the container listens on; the Service exposes the same port.

@@ -7,7 +7,7 @@ use kube::ResourceExt;
 
 use crate::Result;
 use crate::api::MyDatabase;
-use crate::runtime::meta;
+use crate::runtime::meta::{self, DerivedName};
 
 pub const CLUSTER_LABEL: &str = "keelson.dev/cluster";
 pub const ROLE_LABEL: &str = "keelson.dev/role";
@@ -16,11 +16,30 @@ pub const APP_DB: &str = "app";
 pub const APP_USER: &str = "app";
 pub const SCRIPT: &str = "keelson-postgres.sh";
 
+const HEADLESS: &str = "-headless";
+const BACKUP: &str = "-backup";
+const FINAL_BACKUP: &str = "-final-backup";
+
+/// Names that grow with the MyDatabase's: the admission limit on its name comes from these.
+pub const DERIVED_NAMES: &[DerivedName] = &[
+    // `controller-revision-hash` = `<statefulset>-<up to 10 digits>`.
+    DerivedName { suffix: "", added_by_kubernetes: 11, limit: 63, what: "the pods' controller-revision-hash label" },
+    DerivedName { suffix: HEADLESS, added_by_kubernetes: 0, limit: 63, what: "a Service name (DNS label)" },
+    // The CronJob controller appends an 11-character time to name its Jobs.
+    DerivedName { suffix: BACKUP, added_by_kubernetes: 0, limit: 52, what: "a CronJob name" },
+    DerivedName {
+        suffix: FINAL_BACKUP,
+        added_by_kubernetes: 0,
+        limit: 63,
+        what: "the final backup Job's job-name label",
+    },
+];
+
 pub fn statefulset(db: &MyDatabase) -> String {
     db.name_any()
 }
 pub fn headless_service(db: &MyDatabase) -> String {
-    format!("{}-headless", db.name_any())
+    format!("{}{HEADLESS}", db.name_any())
 }
 pub fn rw_service(db: &MyDatabase) -> String {
     format!("{}-rw", db.name_any())
@@ -38,10 +57,10 @@ pub fn backups_pvc(db: &MyDatabase) -> String {
     format!("{}-backups", db.name_any())
 }
 pub fn backup_cronjob(db: &MyDatabase) -> String {
-    format!("{}-backup", db.name_any())
+    format!("{}{BACKUP}", db.name_any())
 }
 pub fn final_backup_job(db: &MyDatabase) -> String {
-    format!("{}-final-backup", db.name_any())
+    format!("{}{FINAL_BACKUP}", db.name_any())
 }
 /// DNS name of pod 0, the primary, through the headless Service.
 pub fn primary_host(db: &MyDatabase) -> String {

@@ -56,6 +56,29 @@ pub fn owned<K: Resource<DynamicType = ()>>(
     Ok(ObjectMeta { owner_references: Some(vec![reference]), ..unowned(owner, name, labels) })
 }
 
+/// A name derived from the custom resource's, and the limit Kubernetes puts on it.
+#[derive(Clone, Copy, Debug)]
+pub struct DerivedName {
+    /// What the custom resource's name becomes, e.g. `{}-service`.
+    pub suffix: &'static str,
+    /// Extra characters Kubernetes adds on its own, e.g. a revision hash.
+    pub added_by_kubernetes: usize,
+    pub limit: usize,
+    /// Where the limit comes from.
+    pub what: &'static str,
+}
+
+/// The longest name a custom resource may have so that every derived name
+/// fits, and the derived name that sets it.
+pub fn max_name_length(derived: &[DerivedName]) -> (usize, DerivedName) {
+    let tightest = derived
+        .iter()
+        .copied()
+        .min_by_key(|d| d.limit.saturating_sub(d.suffix.len() + d.added_by_kubernetes))
+        .unwrap_or(DerivedName { suffix: "", added_by_kubernetes: 0, limit: 253, what: "an object name" });
+    (tightest.limit.saturating_sub(tightest.suffix.len() + tightest.added_by_kubernetes), tightest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

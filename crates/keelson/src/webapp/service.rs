@@ -7,11 +7,19 @@ use kube::ResourceExt;
 use super::deployment::{labels, selector_labels};
 use crate::Result;
 use crate::api::WebApp;
-use crate::runtime::meta;
+use crate::runtime::meta::{self, DerivedName};
+
+const SUFFIX: &str = "-service";
 
 pub fn name(app: &WebApp) -> String {
-    format!("{}-service", app.name_any())
+    format!("{}{SUFFIX}", app.name_any())
 }
+
+/// Names that grow with the WebApp's: the admission limit on its name comes from these.
+pub const DERIVED_NAMES: &[DerivedName] = &[
+    DerivedName { suffix: SUFFIX, added_by_kubernetes: 0, limit: 63, what: "a Service name (DNS label)" },
+    DerivedName { suffix: "", added_by_kubernetes: 0, limit: 63, what: "the pods' app label" },
+];
 
 /// Builds the desired Service for `app`: the spec's type, port → same target port.
 pub fn build(app: &WebApp) -> Result<Service> {
