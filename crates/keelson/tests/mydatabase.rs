@@ -384,6 +384,35 @@ async fn deletion_policy_snapshot_takes_a_final_backup_first() -> anyhow::Result
     Ok(())
 }
 
+/// Deleting a namespace never hangs on a MyDatabase: under Snapshot the
+/// final backup cannot be created in a terminating namespace, so the data is
+/// kept as under Retain and the finalizer released.
+#[tokio::test]
+async fn deleting_the_namespace_completes_under_every_policy() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::namespace(&cluster, "mydb-ns-delete").await?;
+    // The operator's identity must outlive the namespace, as a deployed one's does.
+    let home = common::namespace(&cluster, "mydb-ns-delete-operator").await?;
+    let _operator = TestOperator::start_from(&cluster, &home, &ns).await?;
+    let dbs = ns.api::<MyDatabase>();
+    for policy in ["Retain", "Snapshot", "Delete"] {
+        let mut db = tutorial(Some(policy))?;
+        db.metadata.name = Some(format!("db-{}", policy.to_lowercase()));
+        db.spec.replicas = 1;
+        dbs.create(&PostParams::default(), &db).await?;
+    }
+    for policy in ["retain", "snapshot", "delete"] {
+        wait_for(&dbs, &format!("db-{policy}"), "Running", DEFAULT_TIMEOUT, running(1)).await?;
+    }
+    let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(cluster.client.clone());
+    namespaces.delete(&ns.name, &DeleteParams::background()).await?;
+    eventually(DEFAULT_TIMEOUT, "the namespace to be gone", || async {
+        namespaces.get_opt(&ns.name).await.is_ok_and(|n| n.is_none())
+    })
+    .await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn delete_while_the_operator_is_down_completes_when_it_returns() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();

@@ -68,8 +68,8 @@ impl<'a> Applier<'a> {
 
     fn failure<K: Child>(&self, name: &str, action: &'static str, error: &Error) -> ChildFailure {
         let failure = ChildFailure::new(format!("{} {name}", K::kind(&())), action, error);
-        if failure.conflict {
-            tracing::debug!(namespace = %self.namespace, owner = ?self.owner.name, %failure, "conflict");
+        if failure.conflict || failure.namespace_terminating() {
+            tracing::debug!(namespace = %self.namespace, owner = ?self.owner.name, %failure, "refused, expectedly");
         } else {
             tracing::warn!(namespace = %self.namespace, owner = ?self.owner.name, %failure, "child refused");
         }

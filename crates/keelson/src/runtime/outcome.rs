@@ -80,6 +80,11 @@ impl Outcome {
 
     /// What the controller does next.
     pub fn into_action(self) -> Result<Action> {
+        // A namespace being deleted refuses new objects until it is gone, and
+        // takes this object with it: retrying would only add noise.
+        if !self.failures.is_empty() && self.failures.iter().all(ChildFailure::namespace_terminating) {
+            return Ok(Action::await_change());
+        }
         if let Some(summary) = self.failure_message() {
             let conflict = self.failures.iter().all(|f| f.conflict);
             return Err(Error::ChildrenFailed { summary, conflict });
@@ -117,5 +122,16 @@ mod tests {
         let conflict = Outcome { failures: vec![failure(true)], ..Default::default() };
         assert!(conflict.into_action().is_err_and(|e| e.is_conflict()));
         assert_eq!(Outcome::default().into_action().ok(), Some(Action::requeue(RESYNC)));
+    }
+
+    #[test]
+    fn a_terminating_namespace_is_not_retried() {
+        let terminating = ChildFailure {
+            reason: "Forbidden".into(),
+            message: "unable to create new content in namespace t because it is being terminated".into(),
+            ..failure(false)
+        };
+        let outcome = Outcome { failures: vec![terminating], ..Default::default() };
+        assert_eq!(outcome.into_action().ok(), Some(Action::await_change()));
     }
 }

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use keelson::manifests;
 use keelson::runtime::health::Readiness;
 use keelson::runtime::{Context, Metrics};
@@ -104,7 +105,59 @@ impl TestOperator {
 
     /// Starts the controllers again (e.g. after [`TestOperator::stop`]), with fresh metrics.
     pub async fn start_as_service_account(cluster: &Cluster, ns: &TestNamespace) -> anyhow::Result<Self> {
-        let client = cluster.client_as_service_account(&ns.name, OPERATOR_SA)?;
+        Self::start_with_identity_in(cluster, ns, ns).await
+    }
+
+    /// Starts the controllers watching `watched`, as a ServiceAccount that lives in
+    /// `home` and holds the ClusterRole cluster-wide, as a deployed operator does:
+    /// for tests that delete the watched namespace with everything in it.
+    pub async fn start_from(cluster: &Cluster, home: &TestNamespace, watched: &TestNamespace) -> anyhow::Result<Self> {
+        install(cluster).await?;
+        let params = PatchParams::apply("keelson-tests").force();
+        let sa = ServiceAccount {
+            metadata: ObjectMeta { name: Some(OPERATOR_SA.into()), ..Default::default() },
+            ..Default::default()
+        };
+        home.api::<ServiceAccount>().patch(OPERATOR_SA, &params, &Patch::Apply(&sa)).await.context("operator SA")?;
+        let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
+        let owner = namespaces.get(&home.name).await.context("home namespace")?;
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(format!("keelson-test-{}", home.name)),
+                // Goes with the home namespace.
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Namespace".into(),
+                    name: home.name.clone(),
+                    uid: owner.metadata.uid.clone().unwrap_or_default(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: manifests::rbac::CLUSTER_ROLE_NAME.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: OPERATOR_SA.into(),
+                namespace: Some(home.name.clone()),
+                ..Default::default()
+            }]),
+        };
+        let bindings: Api<ClusterRoleBinding> = Api::all(cluster.client.clone());
+        let name = binding.metadata.name.clone().unwrap_or_default();
+        bindings.patch(&name, &params, &Patch::Apply(&binding)).await.context("bind the ClusterRole")?;
+        Self::start_with_identity_in(cluster, home, watched).await
+    }
+
+    async fn start_with_identity_in(
+        cluster: &Cluster,
+        home: &TestNamespace,
+        ns: &TestNamespace,
+    ) -> anyhow::Result<Self> {
+        let client = cluster.client_as_service_account(&home.name, OPERATOR_SA)?;
         let metrics = Arc::new(Metrics::default());
         let ctx = Context::new(client, metrics.clone());
         let readiness = Readiness::default();
