@@ -42,4 +42,6 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 log "unit and integration tests"
 cargo test --workspace --no-fail-fast
+log "least privilege: every granted right was used by the suite (audit log)"
+cargo test -p keelson --test rbac_audit -- --ignored
 log "all tests passed in $((SECONDS - start))s"

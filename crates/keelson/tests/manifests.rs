@@ -17,21 +17,20 @@ fn committed_manifests_are_current() {
     assert!(stale.is_empty(), "generated manifests are stale; run `make manifests`:\n{}", stale.join("\n"));
 }
 
-/// `helm template` of charts/keelson with default values renders exactly the
-/// objects `make deploy` applies (CRDs ship in the chart's crds/ folder).
-#[test]
-fn helm_chart_renders_the_generated_objects() {
+/// `helm template` of charts/keelson with `extra` values, as JSON objects; None without helm.
+fn helm_template(extra: &[&str]) -> Option<Vec<serde_json::Value>> {
     let helm = match std::env::var("HELM") {
         Ok(helm) => helm,
         Err(_) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("HELM is not set (make test sets it)"),
         Err(_) => {
             eprintln!("SKIPPING: HELM is not set (hack/helm.sh provides helm)");
-            return;
+            return None;
         }
     };
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let output = std::process::Command::new(helm)
         .args(["template", "keelson", "charts/keelson", "--namespace", keelson::manifests::deploy::NAMESPACE])
+        .args(extra)
         .current_dir(&root)
         .output()
         .expect("run helm");
@@ -44,9 +43,18 @@ fn helm_chart_renders_the_generated_objects() {
             rendered.push(value);
         }
     }
-    let key = |v: &serde_json::Value| {
-        format!("{}/{}", v["kind"].as_str().unwrap_or(""), v["metadata"]["name"].as_str().unwrap_or(""))
-    };
+    Some(rendered)
+}
+
+fn key(v: &serde_json::Value) -> String {
+    format!("{}/{}", v["kind"].as_str().unwrap_or(""), v["metadata"]["name"].as_str().unwrap_or(""))
+}
+
+/// `helm template` of charts/keelson with default values renders exactly the
+/// objects `make deploy` applies (CRDs ship in the chart's crds/ folder).
+#[test]
+fn helm_chart_renders_the_generated_objects() {
+    let Some(rendered) = helm_template(&[]) else { return };
     let expected = keelson::manifests::chart_objects().expect("objects");
     assert_eq!(rendered.len(), expected.len(), "chart renders {:?}", rendered.iter().map(key).collect::<Vec<_>>());
     for want in expected {
@@ -54,4 +62,17 @@ fn helm_chart_renders_the_generated_objects() {
             rendered.iter().find(|r| key(r) == key(&want)).unwrap_or_else(|| panic!("chart lacks {}", key(&want)));
         assert_eq!(have, &want, "{} differs between the chart and the generated manifests", key(&want));
     }
+}
+
+/// With `watchNamespace`, the manager watches that namespace and holds its rights there only.
+#[test]
+fn helm_chart_in_namespaced_mode_binds_the_watched_namespace_only() {
+    let Some(rendered) = helm_template(&["--set", "watchNamespace=team-a"]) else { return };
+    assert!(!rendered.iter().any(|r| r["kind"] == "ClusterRoleBinding"), "a cluster-wide binding in namespaced mode");
+    let binding = rendered.iter().find(|r| key(r) == "RoleBinding/keelson-manager").expect("a RoleBinding");
+    assert_eq!(binding["metadata"]["namespace"], "team-a");
+    assert_eq!(binding["roleRef"]["name"], keelson::manifests::rbac::CLUSTER_ROLE_NAME);
+    let manager = rendered.iter().find(|r| r["kind"] == "Deployment").expect("the manager");
+    let args = manager["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--namespace=team-a"), "{args}");
 }

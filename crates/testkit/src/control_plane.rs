@@ -37,6 +37,11 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// The API server's audit log.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("audit.log")
+    }
+
     /// Stops `component` (e.g. `kube-apiserver`).
     pub fn stop(&self, component: &str) -> anyhow::Result<()> {
         self.run("stop", component)

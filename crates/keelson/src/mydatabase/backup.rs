@@ -125,7 +125,10 @@ pub fn final_backup_job(db: &MyDatabase, backups: &PersistentVolumeClaim) -> Res
     })?;
     let metadata = names::unowned_meta(db, names::final_backup_job(db), "backup");
     Ok(Job {
-        metadata: ObjectMeta { owner_references: Some(vec![OwnerReference { controller: None, ..owner }]), ..metadata },
+        metadata: ObjectMeta {
+            owner_references: Some(vec![OwnerReference { controller: None, block_owner_deletion: None, ..owner }]),
+            ..metadata
+        },
         spec: Some(job_spec(db, retention)),
         ..Default::default()
     })

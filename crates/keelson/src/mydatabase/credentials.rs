@@ -1,5 +1,6 @@
 //! The Secret with the database's credentials and connection details.
 //! Passwords are generated once and then read back, never rotated silently.
+//! It belongs to no owner: the deletion policy decides its fate.
 
 use std::collections::BTreeMap;
 
@@ -65,7 +66,11 @@ pub fn build(db: &MyDatabase, passwords: &Passwords) -> Result<Secret> {
     .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
     .collect();
     Ok(Secret {
-        metadata: names::owned_meta(db, names::credentials(db), "credentials")?,
+        // Not owned: the Secret outlives the MyDatabase with the data it unlocks
+        // (Retain, Snapshot), and is deleted explicitly under Delete. Releasing
+        // it from an owner later would need the right to delete any Secret
+        // wherever owner references are enforced (OwnerReferencesPermissionEnforcement).
+        metadata: names::unowned_meta(db, names::credentials(db), "credentials"),
         type_: Some("Opaque".into()),
         data: Some(data),
         ..Default::default()

@@ -9,7 +9,6 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::api::DeleteParams;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use super::observed::{Caches, Observed};
 use super::{backup, names, status};
@@ -50,9 +49,7 @@ pub async fn clean_up(db: &MyDatabase, observed: &Observed, caches: &Caches, ctx
     };
     match db.spec.deletion_policy {
         DeletionPolicy::Retain => {
-            if release_credentials(db, observed, applier).await {
-                event(EventType::Normal, "Retained", retained_note(db, observed, "deletionPolicy Retain")).await;
-            }
+            event(EventType::Normal, "Retained", retained_note(db, observed, "deletionPolicy Retain")).await;
         }
         DeletionPolicy::Delete => {
             let mut removed = Vec::new();
@@ -62,11 +59,13 @@ pub async fn clean_up(db: &MyDatabase, observed: &Observed, caches: &Caches, ctx
                 }
             }
             applier.delete::<PersistentVolumeClaim>(&names::backups_pvc(db), &DeleteParams::background()).await;
+            applier.delete::<Secret>(&names::credentials(db), &DeleteParams::background()).await;
             if applier.failures().is_empty() {
                 let note = format!(
-                    "deletionPolicy Delete: deleted data PVCs [{}] and backups PVC {}",
+                    "deletionPolicy Delete: deleted data PVCs [{}], backups PVC {} and Secret {}",
                     removed.join(", "),
-                    names::backups_pvc(db)
+                    names::backups_pvc(db),
+                    names::credentials(db)
                 );
                 event(EventType::Normal, "DataDeleted", note).await;
             }
@@ -81,14 +80,14 @@ pub async fn clean_up(db: &MyDatabase, observed: &Observed, caches: &Caches, ctx
                 }
                 Err(failure) if failure.namespace_terminating() => {
                     let why = format!("the final backup cannot run ({failure})");
-                    keep_data(db, observed, applier, &why, event).await;
+                    keep_data(db, observed, &why, event).await;
                 }
                 Err(failure) => applier.record_failure(failure),
             },
             FinalBackup::Running => applier.wait("the final backup Job to finish"),
             FinalBackup::Failed => {
                 let why = format!("the final backup Job {} failed", names::final_backup_job(db));
-                keep_data(db, observed, applier, &why, event).await;
+                keep_data(db, observed, &why, event).await;
             }
             FinalBackup::Succeeded => {
                 let mut removed = Vec::new();
@@ -97,8 +96,8 @@ pub async fn clean_up(db: &MyDatabase, observed: &Observed, caches: &Caches, ctx
                         removed.push(claim.name_any());
                     }
                 }
-                // The backup is only useful with the passwords of its roles.
-                if release_credentials(db, observed, applier).await && applier.failures().is_empty() {
+                // The credentials Secret, never owned, stays: the backup's roles need it.
+                if applier.failures().is_empty() {
                     let note = format!(
                         "deletionPolicy Snapshot: final backup in PVC {}; deleted data PVCs [{}]; kept Secret {}",
                         names::backups_pvc(db),
@@ -121,16 +120,13 @@ async fn start_final_backup(db: &MyDatabase, caches: &Caches, applier: &Applier<
 }
 
 /// The Snapshot fallback: nothing is deleted when no final backup exists.
-async fn keep_data<F, Fut>(db: &MyDatabase, observed: &Observed, applier: &Applier<'_>, why: &str, event: F)
+async fn keep_data<F, Fut>(db: &MyDatabase, observed: &Observed, why: &str, event: F)
 where
     F: Fn(EventType, &'static str, String) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    if release_credentials(db, observed, applier).await {
-        let kept = retained_note(db, observed, "deletionPolicy Snapshot");
-        event(EventType::Warning, "FinalBackupFailed", format!("{why}; nothing deleted, as under Retain: {kept}"))
-            .await;
-    }
+    let kept = retained_note(db, observed, "deletionPolicy Snapshot");
+    event(EventType::Warning, "FinalBackupFailed", format!("{why}; nothing deleted, as under Retain: {kept}")).await;
 }
 
 fn retained_note(db: &MyDatabase, observed: &Observed, policy: &str) -> String {
@@ -140,15 +136,4 @@ fn retained_note(db: &MyDatabase, observed: &Observed, policy: &str) -> String {
         names::backups_pvc(db),
         names::credentials(db)
     )
-}
-
-/// Drops the owner reference from the credentials so they outlive the
-/// MyDatabase with the data they unlock. True when released (or nothing to release).
-async fn release_credentials(db: &MyDatabase, observed: &Observed, applier: &Applier<'_>) -> bool {
-    let Some(secret) = &observed.credentials else { return true };
-    if secret.owner_references().is_empty() {
-        return true;
-    }
-    let patch = json!({"metadata": {"ownerReferences": null}});
-    applier.merge_patch::<Secret>(&names::credentials(db), &patch, "release").await
 }

@@ -51,9 +51,11 @@ pub const RBAC: &[Permission] = &[
     },
     Permission {
         group: "",
-        resources: &["services", "secrets", "configmaps"],
+        resources: &["services", "configmaps"],
         verbs: &["get", "list", "watch", "create", "patch"],
     },
+    // The credentials Secret is never owned: deleted explicitly under deletionPolicy Delete.
+    Permission { group: "", resources: &["secrets"], verbs: &["get", "list", "watch", "create", "patch", "delete"] },
     Permission {
         group: "",
         resources: &["persistentvolumeclaims"],
@@ -99,8 +101,8 @@ pub async fn run(params: RunParams) {
         cache::watch(scoped_api::<CronJob>(client, namespace), &managed, watch("CronJob"));
     let (disruption_budgets, disruption_budget_events) =
         cache::watch(scoped_api::<PodDisruptionBudget>(client, namespace), &managed, watch("PodDisruptionBudget"));
-    // Backup Jobs, database pods and volumes belong to the CronJob, the
-    // StatefulSet or no one: mapped to their MyDatabase by label.
+    // Backup Jobs, database pods, volumes and the credentials belong to the
+    // CronJob, the StatefulSet or no one: mapped to their MyDatabase by label.
     let (jobs, job_events) = cache::watch(scoped_api::<Job>(client, namespace), &of_component("backup"), watch("Job"));
     let (pods, pod_events) =
         cache::watch(scoped_api::<Pod>(client, namespace), &of_component("database"), watch("Pod"));
@@ -109,10 +111,10 @@ pub async fn run(params: RunParams) {
     let controller = Controller::for_stream(database_events, databases)
         .owns_stream(statefulset_events)
         .owns_stream(service_events)
-        .owns_stream(secret_events)
         .owns_stream(config_map_events)
         .owns_stream(cron_job_events)
         .owns_stream(disruption_budget_events)
+        .watches_stream(secret_events, owning_database)
         .watches_stream(job_events, owning_database)
         .watches_stream(pod_events, owning_database)
         .watches_stream(claim_events, owning_database)

@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::context::{Context, FIELD_MANAGER};
-use super::drift::{ChildChange, classify, stamp_desired_hash};
+use super::drift::{ChildChange, FieldDrift, classify, stamp_desired_hash};
 use super::metrics::ChildWriteLabels;
 use super::outcome::{ChildFailure, Invalid, Outcome};
 use super::{cache, report};
@@ -212,18 +212,15 @@ impl<'a> Applier<'a> {
             return Ok((actual, ChildChange::Unchanged));
         }
         // Server-side apply merges list entries by key, so it cannot take back
-        // an outsider's edit of a key (a Service port, a container's name): it
-        // would add Keelson's entry beside the foreign one, or be refused as a
-        // duplicate. A JSON merge patch replaces each list Keelson sets whole,
-        // so drift is set back exactly; maps (labels, annotations) still merge.
-        let patch = match change {
-            ChildChange::DriftCorrected(_) => {
-                api.patch(
-                    &name,
-                    &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() },
-                    &Patch::Merge(&desired),
-                )
-                .await
+        // an outsider's edit inside a list entry Keelson owns (a Service port,
+        // a container's name): it would add Keelson's entry beside the foreign
+        // one, or be refused as a duplicate. A JSON merge patch replaces each
+        // list Keelson sets whole, so such drift is set back exactly; maps
+        // (labels, annotations) still merge. Other drift stays with apply.
+        let patch = match &change {
+            ChildChange::DriftCorrected(drifts) if drifts.iter().any(FieldDrift::in_list_entry) => {
+                let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+                api.patch(&name, &params, &Patch::Merge(&desired)).await
             }
             _ => api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await,
         };

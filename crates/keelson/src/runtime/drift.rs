@@ -20,6 +20,11 @@ pub struct FieldDrift {
 }
 
 impl FieldDrift {
+    /// True for a field inside an entry of a list of objects, e.g. `spec.ports[http].port`.
+    pub fn in_list_entry(&self) -> bool {
+        self.path.contains('[')
+    }
+
     /// The path without list keys, a bounded label for metrics.
     pub fn field(&self) -> String {
         let mut out = String::with_capacity(self.path.len());

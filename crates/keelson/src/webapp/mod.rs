@@ -30,6 +30,8 @@ pub const CONTROLLER: ControllerDef =
 pub const RBAC: &[Permission] = &[
     Permission { group: "apps.keelson.dev", resources: &["webapps"], verbs: &["list", "watch"] },
     Permission { group: "apps.keelson.dev", resources: &["webapps/status"], verbs: &["patch"] },
+    // Children's owner references block the owner's deletion: admission asks for this.
+    Permission { group: "apps.keelson.dev", resources: &["webapps/finalizers"], verbs: &["update"] },
     Permission { group: "apps", resources: &["deployments"], verbs: &["get", "list", "watch", "create", "patch"] },
     Permission { group: "", resources: &["services"], verbs: &["get", "list", "watch", "create", "patch"] },
 ];

@@ -153,14 +153,33 @@ mod tests {
         api.answer("GET", "/deployments/sandy-app", 200, serde_json::to_value(&drifted).expect("json"));
         let reconciler = reconciler(client, vec![drifted], vec![service]);
         pipeline::reconcile(Arc::new(app), reconciler.clone()).await.expect("reconciles");
-        // Drift is set back with a merge patch, which replaces lists whole.
-        let writes = api.writes();
-        let sent = writes.iter().find(|r| r.path.ends_with("/deployments/sandy-app")).expect("a write");
-        assert!(sent.content_type.starts_with("application/merge-patch"), "{sent:?}");
+        assert_eq!(api.applies(), ["deployments/sandy-app"]);
+        let sent = api.requests().into_iter().find(|r| r.is_apply()).expect("apply");
         assert_eq!(sent.body["spec"]["replicas"], 3);
-        assert_eq!(sent.body["spec"]["template"]["spec"]["containers"].as_array().map(Vec::len), Some(1));
         let drift = DriftLabels { kind: "Deployment".into(), field: "spec.replicas".into() };
         assert_eq!(reconciler.ctx.metrics.drift_corrections.get_or_create(&drift).get(), 1);
+    }
+
+    #[tokio::test]
+    async fn reconcile_replaces_a_list_whose_entry_an_outsider_edited() {
+        let app = sample();
+        let (deployment, mut edited) = applied(&app);
+        if let Some(port) = edited.spec.as_mut().and_then(|s| s.ports.as_mut()).and_then(|p| p.first_mut()) {
+            port.port = 8080;
+        }
+        let (api, client) = FakeApi::new(&app);
+        api.answer("GET", "/services/sandy-app-service", 200, serde_json::to_value(&edited).expect("json"));
+        pipeline::reconcile(Arc::new(app), reconciler(client, vec![deployment], vec![edited]))
+            .await
+            .expect("reconciles");
+        // A merge patch replaces the list whole: no foreign entry survives beside Keelson's.
+        let writes = api.writes();
+        let sent = writes.iter().find(|r| r.path.ends_with("/services/sandy-app-service")).expect("a write");
+        assert!(sent.content_type.starts_with("application/merge-patch"), "{sent:?}");
+        assert_eq!(
+            sent.body["spec"]["ports"],
+            serde_json::json!([{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 80}])
+        );
     }
 
     #[tokio::test]
