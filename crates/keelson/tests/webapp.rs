@@ -203,6 +203,27 @@ async fn edited_list_keys_are_taken_back_exactly() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Pods the ReplicaSet cannot create (here: a quota) are named in `Available`.
+#[tokio::test]
+async fn why_pods_are_missing_is_named_in_the_conditions() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::namespace(&cluster, "webapp-quota").await?;
+    let quota: k8s_openapi::api::core::v1::ResourceQuota =
+        serde_json::from_value(json!({"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}))?;
+    ns.api::<k8s_openapi::api::core::v1::ResourceQuota>().create(&PostParams::default(), &quota).await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    ns.api::<WebApp>().create(&PostParams::default(), &tutorial_app(1)).await?;
+    let app = wait_for(&ns.api::<WebApp>(), "sandy-app", "Available=False naming the quota", DEFAULT_TIMEOUT, |a| {
+        a.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| c.type_ == "Available" && c.status == "False" && c.message.contains("quota"))
+        })
+    })
+    .await?;
+    let available = app.status.map(|s| s.conditions).unwrap_or_default().into_iter().find(|c| c.type_ == "Available");
+    assert_eq!(available.map(|c| c.reason).as_deref(), Some("FailedCreate"));
+    Ok(())
+}
+
 #[tokio::test]
 async fn spec_edits_are_followed() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();

@@ -7,13 +7,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 pub struct DesiredCondition {
     pub type_: &'static str,
     pub status: bool,
-    pub reason: &'static str,
+    pub reason: String,
     pub message: String,
 }
 
 impl DesiredCondition {
-    pub fn new(type_: &'static str, status: bool, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { type_, status, reason, message: message.into() }
+    pub fn new(type_: &'static str, status: bool, reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { type_, status, reason: reason.into(), message: message.into() }
     }
 }
 
@@ -40,7 +40,7 @@ pub fn merge_conditions(
             Condition {
                 type_: want.type_.to_string(),
                 status,
-                reason: want.reason.to_string(),
+                reason: want.reason.clone(),
                 message: want.message.clone(),
                 observed_generation: generation,
                 last_transition_time,

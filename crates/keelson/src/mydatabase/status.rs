@@ -9,7 +9,7 @@ use super::names;
 use super::observed::Observed;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::mydatabase::{DatabasePhase, MyDatabase, MyDatabaseStatus};
-use crate::runtime::Outcome;
+use crate::runtime::{Outcome, pods};
 
 /// The outcome of the newest finished backup Job, and the newest success.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -93,9 +93,18 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
         (None, None) if is_ready => {
             DesiredCondition::new("Ready", true, "AllInstancesReady", format!("{ready}/{desired} instances ready"))
         }
-        (None, None) => {
-            DesiredCondition::new("Ready", false, "InstancesNotReady", format!("{ready}/{desired} instances ready"))
-        }
+        (None, None) => match pods::start_failure(&observed.pods) {
+            // Name what the kubelet or scheduler says, not just "not ready".
+            Some(failure) => DesiredCondition::new(
+                "Ready",
+                false,
+                failure.reason,
+                format!("{ready}/{desired} instances ready; {}", failure.message),
+            ),
+            None => {
+                DesiredCondition::new("Ready", false, "InstancesNotReady", format!("{ready}/{desired} instances ready"))
+            }
+        },
     }];
     conditions.push(match invalid {
         Some(invalid) => DesiredCondition::new("SpecValid", false, invalid.reason, invalid.message.clone()),
@@ -281,5 +290,18 @@ mod tests {
         assert_ne!(status.phase, Some(DatabasePhase::Running));
         let (ready, reason) = condition(&status, "Ready").expect("Ready");
         assert_eq!((ready.as_str(), reason.as_str()), ("False", "ReconcileFailed"));
+    }
+
+    #[test]
+    fn a_pod_that_cannot_start_is_named_in_ready() {
+        let s = sts(2, 3);
+        let observed = Observed {
+            pods: vec![crate::runtime::pods::tests::waiting("production-db-2", "ImagePullBackOff")],
+            ..observed(Some(&s))
+        };
+        let status = compute(&sample(), &observed, &none(), &at(0));
+        let (ready, reason) = condition(&status, "Ready").expect("Ready");
+        assert_eq!((ready.as_str(), reason.as_str()), ("False", "ImagePullBackOff"));
+        assert!(status.conditions.iter().any(|c| c.message.contains("production-db-2")));
     }
 }

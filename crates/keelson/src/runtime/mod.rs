@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod outcome;
 pub mod permissions;
 pub mod pipeline;
+pub mod pods;
 pub mod report;
 pub mod security;
 pub mod status;

@@ -64,6 +64,8 @@ pub struct Outcome {
     pub failures: Vec<ChildFailure>,
     /// Normal waits, e.g. "final backup Job to finish".
     pub waiting: Vec<String>,
+    /// Look again after this, though nothing may change meanwhile.
+    pub recheck: Option<Duration>,
 }
 
 impl Outcome {
@@ -95,7 +97,7 @@ impl Outcome {
         if self.invalid.is_some() {
             return Ok(Action::await_change());
         }
-        Ok(Action::requeue(RESYNC))
+        Ok(Action::requeue(self.recheck.map_or(RESYNC, |recheck| recheck.min(RESYNC))))
     }
 }
 

@@ -70,6 +70,12 @@ pub trait Reconciler: Send + Sync + 'static {
 
     fn current_status(object: &Self::Object) -> Option<&Self::Status>;
 
+    /// When to look again although nothing changes (a condition that only
+    /// time can tell); the default is the hourly resync.
+    fn recheck(_object: &Self::Object, _observed: &Self::Observed) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Tells people about a status change (logs, Events); the default logs nothing.
     fn announce(
         &self,
@@ -121,7 +127,8 @@ pub async fn reconcile<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>
             reconciler.apply(&object, observed, desired, &applier).await
         }
     };
-    let outcome = applier.finish();
+    let mut outcome = applier.finish();
+    outcome.recheck = R::recheck(&object, &observed);
     let new_status = R::status(&object, &observed, &outcome);
     write_status::<R>(reconciler.as_ref(), &object, &new_status, &outcome).await?;
     outcome.into_action()

@@ -34,6 +34,8 @@ pub const RBAC: &[Permission] = &[
     Permission { group: "apps.keelson.dev", resources: &["webapps/finalizers"], verbs: &["update"] },
     Permission { group: "apps", resources: &["deployments"], verbs: &["get", "list", "watch", "create", "patch"] },
     Permission { group: "", resources: &["services"], verbs: &["get", "list", "watch", "create", "patch"] },
+    // Only for a Deployment stuck without available pods: why they do not start.
+    Permission { group: "", resources: &["pods"], verbs: &["list"] },
 ];
 
 /// Runs the WebApp controller until shutdown.

@@ -36,7 +36,13 @@ impl Reconciler for WebAppReconciler {
     }
 
     async fn read(&self, app: &WebApp) -> Result<Observed> {
-        Ok(observed::read(app, &self.caches))
+        observed::read(app, &self.caches, &self.ctx.client).await
+    }
+
+    /// A Deployment without available pods is looked at again once it counts as stuck.
+    fn recheck(_app: &WebApp, observed: &Observed) -> Option<std::time::Duration> {
+        let unavailable = observed.deployment.as_ref().and_then(observed::unavailable_for)?;
+        observed::STUCK_AFTER.checked_sub(unavailable).map(|left| left + std::time::Duration::from_secs(1))
     }
 
     /// The schema and its CEL rules check every field of a WebApp.
@@ -49,16 +55,16 @@ impl Reconciler for WebAppReconciler {
     }
 
     /// The two children are independent: applied side by side.
-    async fn apply(&self, _app: &WebApp, _observed: Observed, desired: Desired, applier: &Applier<'_>) -> Observed {
+    async fn apply(&self, _app: &WebApp, observed: Observed, desired: Desired, applier: &Applier<'_>) -> Observed {
         let (deployment, service) = tokio::join!(
             applier.apply(&self.caches.deployments, desired.deployment),
             applier.apply(&self.caches.services, desired.service),
         );
-        Observed { deployment, service }
+        Observed { deployment, service, ..observed }
     }
 
     fn status(app: &WebApp, observed: &Observed, outcome: &Outcome) -> WebAppStatus {
-        status::compute(app, observed.deployment.as_ref(), outcome, &crate::runtime::status::now())
+        status::compute(app, observed, outcome, &crate::runtime::status::now())
     }
 
     fn current_status(app: &WebApp) -> Option<&WebAppStatus> {
@@ -137,7 +143,8 @@ mod tests {
         let mut app = sample();
         let (deployment, service) = applied(&app);
         let outcome = Outcome::default();
-        app.status = Some(status::compute(&app, Some(&deployment), &outcome, &crate::runtime::status::now()));
+        let observed = Observed { deployment: Some(deployment.clone()), ..Default::default() };
+        app.status = Some(status::compute(&app, &observed, &outcome, &crate::runtime::status::now()));
         let (api, client) = FakeApi::new(&app);
         let action = pipeline::reconcile(Arc::new(app), reconciler(client, vec![deployment], vec![service])).await;
         assert_eq!(action.ok(), Some(Action::requeue(RESYNC)));

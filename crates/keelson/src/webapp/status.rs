@@ -3,13 +3,16 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::observed::Observed;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::webapp::{WebApp, WebAppPhase, WebAppStatus};
 use crate::runtime::Outcome;
+use crate::runtime::pods::{self, StartFailure};
 
 /// Computes the status `app` should have, given its Deployment as the API
 /// server returned it and what this reconcile's applier recorded.
-pub fn compute(app: &WebApp, deployment: Option<&Deployment>, outcome: &Outcome, now: &Time) -> WebAppStatus {
+pub fn compute(app: &WebApp, observed_children: &Observed, outcome: &Outcome, now: &Time) -> WebAppStatus {
+    let deployment = observed_children.deployment.as_ref();
     let desired = app.spec.replicas;
     let observed = deployment.and_then(|d| d.status.as_ref());
     let available = observed.and_then(|s| s.available_replicas).unwrap_or(0);
@@ -34,12 +37,15 @@ pub fn compute(app: &WebApp, deployment: Option<&Deployment>, outcome: &Outcome,
             format!("{available}/{desired} replicas available"),
         )
     } else {
-        DesiredCondition::new(
-            "Available",
-            false,
-            "ReplicasUnavailable",
-            format!("{available}/{desired} replicas available"),
-        )
+        // Name what keeps pods away: the ReplicaSet's refusal (quota, admission)
+        // or the kubelet's and scheduler's reason, when the Deployment is stuck.
+        let counts = format!("{available}/{desired} replicas available");
+        match replica_failure(deployment).or_else(|| pods::start_failure(&observed_children.pods)) {
+            Some(failure) => {
+                DesiredCondition::new("Available", false, failure.reason, format!("{counts}; {}", failure.message))
+            }
+            None => DesiredCondition::new("Available", false, "ReplicasUnavailable", counts),
+        }
     };
     let progressing_condition = if running {
         DesiredCondition::new("Progressing", false, "Complete", "the Deployment matches the spec")
@@ -72,6 +78,16 @@ pub fn compute(app: &WebApp, deployment: Option<&Deployment>, outcome: &Outcome,
     }
 }
 
+/// The Deployment's `ReplicaFailure` condition: pods it could not even create.
+fn replica_failure(deployment: Option<&Deployment>) -> Option<StartFailure> {
+    let conditions = deployment?.status.as_ref()?.conditions.as_ref()?;
+    let failure = conditions.iter().find(|c| c.type_ == "ReplicaFailure" && c.status == "True")?;
+    Some(StartFailure {
+        reason: failure.reason.clone().unwrap_or_else(|| "ReplicaFailure".into()),
+        message: failure.message.clone().unwrap_or_default(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +108,10 @@ mod tests {
         d
     }
 
+    fn with(deployment: Deployment) -> Observed {
+        Observed { deployment: Some(deployment), ..Default::default() }
+    }
+
     fn now() -> Time {
         Time(Timestamp::UNIX_EPOCH)
     }
@@ -102,7 +122,7 @@ mod tests {
 
     #[test]
     fn all_available_is_running() {
-        let status = compute(&sample(), Some(&deployment(2, 2, 3, 3, 3)), &Outcome::default(), &now());
+        let status = compute(&sample(), &with(deployment(2, 2, 3, 3, 3)), &Outcome::default(), &now());
         assert_eq!(status.phase, Some(WebAppPhase::Running));
         assert_eq!(status.available_replicas, 3);
         assert_eq!(condition(&status, "Available"), "True");
@@ -113,14 +133,14 @@ mod tests {
 
     #[test]
     fn extra_pods_after_outside_scale_is_scaling() {
-        let status = compute(&sample(), Some(&deployment(3, 3, 10, 10, 10)), &Outcome::default(), &now());
+        let status = compute(&sample(), &with(deployment(3, 3, 10, 10, 10)), &Outcome::default(), &now());
         assert_eq!(status.phase, Some(WebAppPhase::Scaling));
         assert_eq!(condition(&status, "Progressing"), "True");
     }
 
     #[test]
     fn unobserved_generation_is_scaling_even_if_counts_match() {
-        let status = compute(&sample(), Some(&deployment(3, 2, 3, 3, 3)), &Outcome::default(), &now());
+        let status = compute(&sample(), &with(deployment(3, 2, 3, 3, 3)), &Outcome::default(), &now());
         assert_eq!(status.phase, Some(WebAppPhase::Scaling));
     }
 
@@ -136,7 +156,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let status = compute(&sample(), None, &failed, &now());
+        let status = compute(&sample(), &Observed::default(), &failed, &now());
         assert_eq!(status.phase, Some(WebAppPhase::Scaling));
         assert_eq!(condition(&status, "Available"), "False");
         assert_eq!(condition(&status, "Degraded"), "True");
@@ -146,16 +166,42 @@ mod tests {
     fn zero_replicas_is_running_when_nothing_runs() {
         let mut app = sample();
         app.spec.replicas = 0;
-        let status = compute(&app, Some(&deployment(1, 1, 0, 0, 0)), &Outcome::default(), &now());
+        let status = compute(&app, &with(deployment(1, 1, 0, 0, 0)), &Outcome::default(), &now());
         assert_eq!(status.phase, Some(WebAppPhase::Running));
     }
 
     #[test]
     fn same_observation_gives_identical_status() {
         let mut app = sample();
-        let first = compute(&app, Some(&deployment(2, 2, 3, 3, 3)), &Outcome::default(), &now());
+        let first = compute(&app, &with(deployment(2, 2, 3, 3, 3)), &Outcome::default(), &now());
         app.status = Some(first.clone());
         let later = Time(Timestamp::from_second(1000).unwrap_or(Timestamp::UNIX_EPOCH));
-        assert_eq!(compute(&app, Some(&deployment(2, 2, 3, 3, 3)), &Outcome::default(), &later), first);
+        assert_eq!(compute(&app, &with(deployment(2, 2, 3, 3, 3)), &Outcome::default(), &later), first);
+    }
+
+    #[test]
+    fn why_pods_are_missing_is_named_in_available() {
+        let mut stuck = deployment(1, 1, 3, 3, 0);
+        let observed = Observed {
+            pods: vec![crate::runtime::pods::tests::waiting("sandy-app-x", "InvalidImageName")],
+            ..with(stuck.clone())
+        };
+        let status = compute(&sample(), &observed, &Outcome::default(), &now());
+        let available = status.conditions.iter().find(|c| c.type_ == "Available").expect("Available");
+        assert_eq!((available.status.as_str(), available.reason.as_str()), ("False", "InvalidImageName"));
+
+        if let Some(s) = stuck.status.as_mut() {
+            s.conditions = Some(vec![k8s_openapi::api::apps::v1::DeploymentCondition {
+                type_: "ReplicaFailure".into(),
+                status: "True".into(),
+                reason: Some("FailedCreate".into()),
+                message: Some("pods \"sandy-app-x\" is forbidden: exceeded quota".into()),
+                ..Default::default()
+            }]);
+        }
+        let status = compute(&sample(), &with(stuck), &Outcome::default(), &now());
+        let available = status.conditions.iter().find(|c| c.type_ == "Available").expect("Available");
+        assert_eq!(available.reason, "FailedCreate");
+        assert!(available.message.contains("exceeded quota"));
     }
 }
