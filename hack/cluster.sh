@@ -97,20 +97,25 @@ KC
 export KUBECONFIG="$DIR/kubeconfig"
 export PATH="$BIN:\$PATH"
 ENV
-  # Writes at Metadata level: benchmarks count them per user. Reads only of
-  # ServiceAccounts and of admin, whom the tests' operators impersonate their
-  # ServiceAccount through: the RBAC audit test needs every verb they use.
+  # Writes at Metadata level: benchmarks count them per user. With
+  # KEELSON_AUDIT_READS=1 (the default), also reads of ServiceAccounts and of
+  # admin, whom the tests' operators impersonate their ServiceAccount through:
+  # the RBAC audit test needs every verb they use. Benchmarks turn it off.
+  local reads=""
+  if [[ "${KEELSON_AUDIT_READS:-1}" == 1 ]]; then
+    reads='- level: Metadata
+  verbs: [get, list, watch]
+  userGroups: ["system:serviceaccounts"]
+- level: Metadata
+  verbs: [get, list, watch]
+  users: [admin]'
+  fi
   cat > "$DIR/audit-policy.yaml" <<AUDIT
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
-- level: Metadata
-  verbs: [get, list, watch]
-  userGroups: ["system:serviceaccounts"]
-- level: Metadata
-  verbs: [get, list, watch]
-  users: [admin]
+$reads
 - level: None
   verbs: [get, list, watch]
 - level: None
