@@ -16,6 +16,9 @@ CACHE_ROOT="${KEELSON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/keelson}"
 BIN_DIR="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION/bin"
 BUILD_ROOT="$CACHE_ROOT/build"
 
+# shellcheck source=hack/lib/k8s-ldflags.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/k8s-ldflags.sh"
+
 log() { printf '[k8s-binaries %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
@@ -57,8 +60,7 @@ timed() {
 }
 
 build_kubernetes() {
-  local ver="$K8S_VERSION" minor staging_ver w gomod
-  minor="$(echo "$ver" | cut -d. -f2)"
+  local ver="$K8S_VERSION" staging_ver w gomod
   staging_ver="v0.${ver#v1.}"
   w="$BUILD_ROOT/kubernetes-$ver"
   rm -rf "$w" && mkdir -p "$w" && cd "$w"
@@ -80,13 +82,7 @@ build_kubernetes() {
   # Naming each package at the pinned version also records go.sum entries for
   # everything they import.
   go get "${pkgs[@]/%/@$ver}" >&2
-  local ld="-s -w"
-  local stamp
-  for stamp in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $stamp.gitVersion=$ver -X $stamp.gitMajor=1 -X $stamp.gitMinor=$minor"
-    ld+=" -X $stamp.gitTreeState=clean -X $stamp.buildDate=1970-01-01T00:00:00Z"
-  done
-  go build -trimpath -ldflags "$ld" -o "$BIN_DIR/" "${pkgs[@]}"
+  go build -trimpath -ldflags "$(k8s_ldflags "$ver")" -o "$BIN_DIR/" "${pkgs[@]}"
 }
 
 build_etcd() {

@@ -113,24 +113,25 @@ pub async fn reconcile<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>
     {
         add_finalizer(&api, &object, finalizer).await?;
     }
-    let reconciled_before = object.meta().generation.is_some() && R::current_status(&object).is_some();
-    let applier = Applier::new(ctx, &*object, reconciled_before);
+    // A child missing from an object that has a status was deleted: drift, not a creation.
+    let applier = Applier::new(ctx, &*object, R::current_status(&object).is_some());
 
-    let observed = reconciler.read(&object).await?;
+    let observed = reconciler.read(&object).await?; // 1. read
     let observed = match R::validate(&object, &observed) {
+        // 2. validate
         Err(invalid) => {
             applier.invalid(invalid);
             observed
         }
         Ok(()) => {
-            let desired = R::build(&object, &observed)?;
-            reconciler.apply(&object, observed, desired, &applier).await
+            let desired = R::build(&object, &observed)?; // 3. build
+            reconciler.apply(&object, observed, desired, &applier).await // 4. apply
         }
     };
     let mut outcome = applier.finish();
     outcome.recheck = R::recheck(&object, &observed);
-    let new_status = R::status(&object, &observed, &outcome);
-    write_status::<R>(reconciler.as_ref(), &object, &new_status, &outcome).await?;
+    let new_status = R::status(&object, &observed, &outcome); // 5. status
+    write_status::<R>(reconciler.as_ref(), &object, &new_status, &outcome).await?; // 6. write
     outcome.into_action()
 }
 
