@@ -1,0 +1,19 @@
+# Sourced by hack/cluster.sh: kube-apiserver. It enforces owner-reference
+# permissions (as OpenShift does) and audits what hack/cluster/pki.sh says.
+
+start_kube_apiserver() {
+  start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+    --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" \
+    --client-ca-file "$DIR/pki/ca.crt" --token-auth-file "$DIR/pki/tokens.csv" \
+    --authorization-mode Node,RBAC --allow-privileged=true \
+    --enable-admission-plugins OwnerReferencesPermissionEnforcement \
+    --service-cluster-ip-range 10.96.0.0/16 --endpoint-reconciler-type none \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$DIR/pki/sa.pub" --service-account-signing-key-file "$DIR/pki/sa.key" \
+    --audit-policy-file "$DIR/audit-policy.yaml" --audit-log-path "$DIR/audit.log" \
+    --audit-log-maxsize 200 --audit-log-maxbackup 2 \
+    --profiling=false --v 1
+}
+
+healthy_kube_apiserver() { [[ "$(api /readyz 2>/dev/null)" == "ok" ]]; }
