@@ -211,6 +211,17 @@ async fn why_pods_are_missing_is_named_in_the_conditions() -> anyhow::Result<()>
     let quota: k8s_openapi::api::core::v1::ResourceQuota =
         serde_json::from_value(json!({"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}))?;
     ns.api::<k8s_openapi::api::core::v1::ResourceQuota>().create(&PostParams::default(), &quota).await?;
+    // Admission sees a new quota only once its caches do: wait until a dry-run pod is refused.
+    let probe: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({"metadata": {"name": "probe"},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]}}))?;
+    let dry_run = PostParams { dry_run: true, ..Default::default() };
+    eventually(DEFAULT_TIMEOUT, "the quota to be enforced", || async {
+        ns.api::<k8s_openapi::api::core::v1::Pod>()
+            .create(&dry_run, &probe)
+            .await
+            .is_err_and(|e| e.to_string().contains("quota"))
+    })
+    .await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     ns.api::<WebApp>().create(&PostParams::default(), &tutorial_app(1)).await?;
     let app = wait_for(&ns.api::<WebApp>(), "sandy-app", "Available=False naming the quota", DEFAULT_TIMEOUT, |a| {
