@@ -16,8 +16,8 @@ CACHE_ROOT="${KEELSON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/keelson}"
 BIN_DIR="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION/bin"
 BUILD_ROOT="$CACHE_ROOT/build"
 
-# shellcheck source=hack/lib/k8s-ldflags.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib/k8s-ldflags.sh"
+# shellcheck source=hack/lib/go-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-build.sh"
 
 log() { printf '[k8s-binaries %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -86,11 +86,7 @@ build_kubernetes() {
 }
 
 build_etcd() {
-  local w="$BUILD_ROOT/etcd-$ETCD_VERSION"
-  rm -rf "$w" && mkdir -p "$w" && cd "$w"
-  printf 'module keelson.local/etcd-build\n\ngo 1.26.0\n' > go.mod
-  go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
-  go build -trimpath -ldflags "-s -w" -o "$BIN_DIR/etcd" go.etcd.io/etcd/server/v3
+  go_build_module "$BUILD_ROOT/etcd-$ETCD_VERSION" go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$BIN_DIR/etcd"
 }
 
 build_kwok() {

@@ -14,8 +14,8 @@ CACHE_ROOT="${KEELSON_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/keelson}"
 BIN_DIR="$CACHE_ROOT/node-$K8S_VERSION-coredns-$COREDNS_VERSION/bin"
 BUILD_ROOT="$CACHE_ROOT/build"
 
-# shellcheck source=hack/lib/k8s-ldflags.sh
-source "$ROOT/hack/lib/k8s-ldflags.sh"
+# shellcheck source=hack/lib/go-build.sh
+source "$ROOT/hack/lib/go-build.sh"
 
 log() { printf '[node-binaries %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -41,11 +41,7 @@ build_kubernetes_node() {
 }
 
 build_coredns() {
-  local w="$BUILD_ROOT/coredns-$COREDNS_VERSION"
-  rm -rf "$w" && mkdir -p "$w" && cd "$w"
-  printf 'module keelson.local/coredns-build\n\ngo 1.26.0\n' > go.mod
-  go get "github.com/coredns/coredns@$COREDNS_VERSION" >&2
-  go build -trimpath -ldflags "-s -w" -o "$BIN_DIR/coredns" github.com/coredns/coredns
+  go_build_module "$BUILD_ROOT/coredns-$COREDNS_VERSION" github.com/coredns/coredns "$COREDNS_VERSION" "$BIN_DIR/coredns"
 }
 
 start=$SECONDS

@@ -57,7 +57,7 @@ impl Readiness {
 
     /// The health of one named watch, for the watch to report on.
     pub fn watch(&self, name: impl Into<String>) -> WatchHealth {
-        WatchHealth { readiness: self.clone(), name: name.into() }
+        WatchHealth { readiness: self.clone(), name: name.into(), failing: Arc::default() }
     }
 }
 
@@ -66,10 +66,14 @@ impl Readiness {
 pub struct WatchHealth {
     readiness: Readiness,
     name: String,
+    /// Whether this watch is in the shared map, so the hot path (every watch
+    /// event) takes no lock while all is well.
+    failing: Arc<AtomicBool>,
 }
 
 impl WatchHealth {
     pub fn failed(&self, error: &dyn std::fmt::Display) {
+        self.failing.store(true, Ordering::SeqCst);
         let mut broken = self.readiness.0.broken.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if broken.contains_key(&self.name) {
             tracing::debug!(watch = %self.name, %error, "watch still failing");
@@ -80,6 +84,9 @@ impl WatchHealth {
     }
 
     pub fn working(&self) {
+        if !self.failing.swap(false, Ordering::SeqCst) {
+            return;
+        }
         let mut broken = self.readiness.0.broken.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if broken.remove(&self.name).is_some() {
             tracing::info!(watch = %self.name, "watch recovered");

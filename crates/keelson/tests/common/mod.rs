@@ -53,16 +53,23 @@ pub fn init_logging() {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
 }
 
+/// The operator's ServiceAccount, in `ns`.
+async fn operator_service_account(ns: &TestNamespace) -> anyhow::Result<()> {
+    let sa = ServiceAccount {
+        metadata: ObjectMeta { name: Some(OPERATOR_SA.into()), ..Default::default() },
+        ..Default::default()
+    };
+    let params = PatchParams::apply("keelson-tests").force();
+    ns.api::<ServiceAccount>().patch(OPERATOR_SA, &params, &Patch::Apply(&sa)).await.context("operator SA")?;
+    Ok(())
+}
+
 /// The operator's ServiceAccount in `ns`, bound to the generated ClusterRole
 /// (within `ns`) and to the generated leader-election Role.
 pub async fn grant_operator_rbac(cluster: &Cluster, ns: &TestNamespace) -> anyhow::Result<()> {
     install(cluster).await?;
     let params = PatchParams::apply("keelson-tests").force();
-    let sa = ServiceAccount {
-        metadata: ObjectMeta { name: Some(OPERATOR_SA.into()), ..Default::default() },
-        ..Default::default()
-    };
-    ns.api::<ServiceAccount>().patch(OPERATOR_SA, &params, &Patch::Apply(&sa)).await.context("create operator SA")?;
+    operator_service_account(ns).await?;
     let leader_role = manifests::rbac::leader_election_role(&ns.name);
     ns.api::<Role>()
         .patch(manifests::rbac::LEADER_ROLE_NAME, &params, &Patch::Apply(&leader_role))
@@ -114,11 +121,7 @@ impl TestOperator {
     pub async fn start_from(cluster: &Cluster, home: &TestNamespace, watched: &TestNamespace) -> anyhow::Result<Self> {
         install(cluster).await?;
         let params = PatchParams::apply("keelson-tests").force();
-        let sa = ServiceAccount {
-            metadata: ObjectMeta { name: Some(OPERATOR_SA.into()), ..Default::default() },
-            ..Default::default()
-        };
-        home.api::<ServiceAccount>().patch(OPERATOR_SA, &params, &Patch::Apply(&sa)).await.context("operator SA")?;
+        operator_service_account(home).await?;
         let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
         let owner = namespaces.get(&home.name).await.context("home namespace")?;
         let binding = ClusterRoleBinding {
