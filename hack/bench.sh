@@ -9,6 +9,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 mode="${1:-quick}"; shift || true
 export KEELSON_CLUSTER_DIR="$ROOT/target/bench-cluster"
+# KWOK only: thousands of pods on fake nodes, no real node beside them.
+export KEELSON_CLUSTER_PROFILE=kwok
 # The API server audits writes only here: auditing reads would slow what is measured.
 export KEELSON_AUDIT_READS=0
 

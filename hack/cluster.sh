@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
-# A local Kubernetes control plane on loopback: etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler and kwok (fake nodes and pods).
+# A local Kubernetes cluster: the control plane on loopback (etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler), KWOK's fake nodes
+# for scale, and one real node (containerd, kubelet, kube-proxy, CoreDNS, a
+# bridge pod network behind a fence) where pods run real containers from
+# images built on this machine. Volumes come from keelson-local-volumes.
 #
 #   hack/cluster.sh up             start it (idempotent); returns once it is ready
-#   hack/cluster.sh down           stop exactly the processes `up` started (by pid)
+#   hack/cluster.sh down           stop what `up` started (by pid) and undo its
+#                                  mounts, bridge, iptables rules and sysctls
 #   hack/cluster.sh status         say whether it is up
 #   hack/cluster.sh stop NAME      stop one component (failure tests)
 #   hack/cluster.sh start NAME     start it again and wait until it is healthy
 #   hack/cluster.sh restart NAME
 #
-# One file per component in hack/cluster/, each with `start_<name>` and
-# `healthy_<name>`; stopping is by recorded pid. State, logs and the admin
-# kubeconfig live in $KEELSON_CLUSTER_DIR (default target/dev-cluster). Ports
-# come from $KEELSON_CLUSTER_PORT_BASE, else from a hash of that folder's
-# path, moved on while any is taken.
+# KEELSON_CLUSTER_PROFILE=kwok leaves the real node out (the benchmark's
+# cluster): KWOK's nodes then take every pod. With the real node, KWOK's nodes
+# are tainted and take only the pods of namespaces annotated for them
+# (hack/cluster/kwok.sh).
+#
+# One file per component in hack/cluster/, each with `start_<name>`,
+# `healthy_<name>` and, where stopping is more than a signal to its pid,
+# `stop_<name>`. State, logs and the admin kubeconfig live in
+# $KEELSON_CLUSTER_DIR (default target/dev-cluster). Ports come from
+# $KEELSON_CLUSTER_PORT_BASE, else from a hash of that folder's path, moved on
+# while any is taken; the node's bridge and subnet from the same hash.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,38 +31,76 @@ DIR="${KEELSON_CLUSTER_DIR:-$ROOT/target/dev-cluster}"
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 NODES="${KEELSON_CLUSTER_NODES:-3}"
-# In start order; processes only (storage is objects).
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+# The machine-wide claim of the one real node a machine can hold (kube-proxy's
+# iptables chains and the kubelet's cgroups are not per cluster).
+NODE_OWNER=/run/keelson-node.owner
 
-for part in lib pki etcd kube-apiserver kube-controller-manager kube-scheduler kwok storage; do
+PARTS=(lib pki etcd kube-apiserver kube-controller-manager kube-scheduler kwok network containerd images kubelet kube-proxy coredns storage)
+for part in "${PARTS[@]}"; do
   # shellcheck source=/dev/null
   source "$ROOT/hack/cluster/$part.sh"
 done
+node_settings
+
+# Components in start order, and the processes among them (pid files).
+profile() { cat "$DIR/profile" 2>/dev/null || echo "${KEELSON_CLUSTER_PROFILE:-node}"; }
+components() {
+  echo etcd kube-apiserver kube-controller-manager kube-scheduler kwok
+  [[ "$(profile)" == kwok ]] || echo network containerd images kubelet kube-proxy coredns
+  echo storage
+}
+processes() {
+  echo etcd kube-apiserver kube-controller-manager kube-scheduler kwok
+  [[ "$(profile)" == kwok ]] || echo containerd kubelet kube-proxy coredns
+  echo local-volumes
+}
 
 fn() { echo "${1//-/_}"; } # component name → the suffix of its functions
 
 # start_component NAME: starts it and waits until it is healthy.
 start_component() {
-  printf '%s\n' "${COMPONENTS[@]}" storage | grep -qx "$1" || die "unknown component $1 (one of: ${COMPONENTS[*]})"
+  components | tr ' ' '\n' | grep -qx "$1" || die "unknown component $1 (one of: $(components | tr '\n' ' '))"
   log "starting $1"
   "start_$(fn "$1")"
   wait_until 120 "$1 to be healthy" "healthy_$(fn "$1")"
 }
 
-all_alive() { local c; for c in "${COMPONENTS[@]}"; do pid_alive "$c" || return 1; done; }
+stop_component() {
+  if declare -F "stop_$(fn "$1")" >/dev/null; then "stop_$(fn "$1")"
+  elif [[ "$1" == storage ]]; then stop_pid local-volumes
+  else stop_pid "$1"; fi
+}
+
+all_alive() { local p; for p in $(processes); do pid_alive "$p" || return 1; done; }
 
 usage() {
   cat >&2 <<USAGE
-Keelson dev cluster: Kubernetes $("$BIN/kube-apiserver" --version | cut -d' ' -f2), API server https://127.0.0.1:$API_PORT
+Keelson dev cluster ($(profile) profile): Kubernetes $("$BIN/kube-apiserver" --version | cut -d' ' -f2), API server https://127.0.0.1:$API_PORT
   source $DIR/env        # sets KUBECONFIG and puts this cluster's kubectl first on PATH
   kubectl get nodes
   make cluster-down      # stops it (logs stay in $DIR)
 USAGE
 }
 
-up() {
+binaries() {
   BIN="$("$ROOT/hack/k8s-binaries.sh")"
+  [[ "$(profile)" == kwok ]] || NODE_BIN="$("$ROOT/hack/node-binaries.sh")"
+}
+
+claim_node() {
+  [[ "$(profile)" == kwok ]] && return
+  [[ $(id -u) -eq 0 ]] || die "the real node needs root (bridge, iptables, mounts); or use KEELSON_CLUSTER_PROFILE=kwok"
+  local owner
+  owner="$(cat "$NODE_OWNER" 2>/dev/null || true)"
+  if [[ -n "$owner" && "$owner" != "$DIR" && -f "$owner/kubelet.pid" ]] && kill -0 "$(cat "$owner/kubelet.pid")" 2>/dev/null; then
+    die "the real node of another cluster ($owner) runs on this machine; stop it first (hack/cluster.sh down with KEELSON_CLUSTER_DIR=$owner), or start this one with KEELSON_CLUSTER_PROFILE=kwok"
+  fi
+  echo "$DIR" > "$NODE_OWNER"
+}
+
+up() {
   if [[ -f "$DIR/ports" ]] && all_alive; then
+    binaries
     # shellcheck disable=SC1091
     source "$DIR/ports"
     if healthy_kube_apiserver; then
@@ -62,22 +110,57 @@ up() {
     fi
   fi
   down_quietly
+  echo "${KEELSON_CLUSTER_PROFILE:-node}" > "$DIR/profile"
+  binaries
+  claim_node
   local started=$SECONDS c
   pick_ports
   # shellcheck disable=SC1091
   source "$DIR/ports"
   make_pki
   write_kubeconfig
-  for c in "${COMPONENTS[@]}" storage; do start_component "$c"; done
+  [[ "$(profile)" == kwok ]] && KWOK_TAINTS="" || KWOK_TAINTS="{key: kwok.x-k8s.io/node, value: fake, effect: NoSchedule}"
+  for c in $(components); do start_component "$c"; done
   all_alive || die "a component stopped after it started; see the logs in $DIR"
   log "cluster up in $((SECONDS - started))s"
   usage
 }
 
+# Undoes the real node: its processes, the pods' processes, the mounts under
+# the cluster's folders, the network and the kubelet's cgroups.
+down_node() {
+  [[ -f "$DIR/ports" ]] && source "$DIR/ports" # shellcheck disable=SC1091
+  NODE_BIN="$("$ROOT/hack/node-binaries.sh")"
+  stop_pid coredns
+  stop_kube_proxy
+  stop_pid kubelet
+  kill_cgroup_processes
+  stop_pid containerd
+  local pidfile
+  for pidfile in "$RUN"/containerd/io.containerd.runtime.v2.task/*/*/shim.pid; do
+    if [[ -f "$pidfile" ]]; then kill -9 "$(cat "$pidfile")" 2>/dev/null || true; fi
+  done
+  unmount_under "$DIR" "$RUN"
+  stop_network
+  remove_kubernetes_chains
+  remove_cgroups
+  # The runtime's root (imported images) stays for the next `up`.
+  rm -rf "$RUN" "$DIR/kubelet/root" "$DIR/volumes"
+  [[ "$(cat "$NODE_OWNER" 2>/dev/null)" == "$DIR" ]] && rm -f "$NODE_OWNER"
+  return 0
+}
+
 down_quietly() {
-  local i
-  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do stop_pid "${COMPONENTS[$i]}"; done
-  rm -rf "$DIR/etcd"
+  local processes p
+  read -ra processes <<<"$(processes | tr '\n' ' ')"
+  for ((p = ${#processes[@]} - 1; p >= 0; p--)); do
+    case "${processes[$p]}" in
+      containerd) down_node ;;
+      kubelet | kube-proxy | coredns) ;; # down_node stops them in order
+      *) stop_pid "${processes[$p]}" ;;
+    esac
+  done
+  rm -rf "$DIR/etcd" "$DIR/volumes"
 }
 
 down() {
@@ -86,7 +169,7 @@ down() {
 }
 
 with_running_cluster() {
-  BIN="$("$ROOT/hack/k8s-binaries.sh")"
+  binaries
   [[ -f "$DIR/ports" ]] || die "no cluster in $DIR"
   # shellcheck disable=SC1091
   source "$DIR/ports"
@@ -94,8 +177,8 @@ with_running_cluster() {
 
 stop_one() {
   with_running_cluster
-  printf '%s\n' "${COMPONENTS[@]}" | grep -qx "$1" || die "unknown component $1 (one of: ${COMPONENTS[*]})"
-  stop_pid "$1"
+  components | tr ' ' '\n' | grep -qx "$1" || die "unknown component $1 (one of: $(components | tr '\n' ' '))"
+  stop_component "$1"
   log "stopped $1"
 }
 
@@ -109,7 +192,7 @@ status() {
   if [[ -f "$DIR/ports" ]] && all_alive; then
     # shellcheck disable=SC1091
     source "$DIR/ports"
-    healthy_kube_apiserver && { echo "up: https://127.0.0.1:$API_PORT"; return 0; }
+    healthy_kube_apiserver && { echo "up ($(profile) profile): https://127.0.0.1:$API_PORT"; return 0; }
   fi
   echo "down"; return 1
 }

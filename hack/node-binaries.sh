@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Provides the binaries of a real node (issue 12, work in progress): kubelet
+# Provides the binaries of the real node of the local cluster: kubelet
 # and kube-proxy of the control plane's Kubernetes release, and CoreDNS, built
 # from the Go module proxy into a cache outside the work tree; prints the folder.
-# Not yet used by `make cluster-up` or `make test`: it warms the cache for the
-# real node (a cold build takes 25-40 min on 2 cores).
+# hack/cluster.sh calls it when it starts the real node (a cold build takes
+# 25-40 min on 2 cores).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 

@@ -12,15 +12,15 @@ pick_ports() {
   if [[ -n "${KEELSON_CLUSTER_PORT_BASE:-}" ]]; then
     base="$KEELSON_CLUSTER_PORT_BASE"
   else
-    base=$(( 20000 + ($(printf '%s' "$DIR" | cksum | cut -d' ' -f1) % 2000) * 10 ))
+    base=$(( 20000 + ($(printf '%s' "$DIR" | cksum | cut -d' ' -f1) % 1000) * 20 ))
   fi
   local tries=0
   while :; do
     local busy=0 p
-    for p in $(seq "$base" $((base + 9))); do port_in_use "$p" && { busy=1; break; }; done
+    for p in $(seq "$base" $((base + 19))); do port_in_use "$p" && { busy=1; break; }; done
     [[ $busy -eq 0 ]] && break
     tries=$((tries + 1)); [[ $tries -lt 50 ]] || die "no free block of ports near $base"
-    base=$((base + 10))
+    base=$((base + 20))
   done
   cat > "$DIR/ports" <<PORTS
 ETCD_PORT=$base
@@ -31,17 +31,41 @@ SCHED_PORT=$((base + 4))
 KWOK_PORT=$((base + 5))
 KEELSON_METRICS_PORT=$((base + 7))
 KEELSON_HEALTH_PORT=$((base + 8))
+KUBELET_PORT=$((base + 10))
+KUBELET_HEALTH_PORT=$((base + 11))
+PROXY_HEALTH_PORT=$((base + 12))
+PROXY_METRICS_PORT=$((base + 13))
+DNS_READY_PORT=$((base + 14))
 PORTS
 }
+
+# The real node's names, derived from the cluster folder so that two
+# checkouts never share a bridge, subnet or runtime folder.
+node_settings() {
+  local id=$(( $(printf '%s' "$DIR" | cksum | cut -d' ' -f1) % 250 + 1 ))
+  NODE_NAME=keelson-node
+  BRIDGE="keelson$id"
+  POD_CIDR="10.88.$id.0/24"
+  NODE_IP="10.88.$id.1"
+  RUN="/run/keelson-$id" # short paths for sockets; runtime state
+  FENCE="KEELSON-$id"    # prefix of the iptables chains of the fence
+}
+
+kubectl_admin() { "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig" "$@"; }
 
 api() { # api PATH: GET on the API server with the admin token
   curl -sS --max-time 5 --cacert "$DIR/pki/ca.crt" -H "Authorization: Bearer $(cat "$DIR/pki/admin.token")" "https://127.0.0.1:$API_PORT$1"
 }
 
-start() { # start NAME ARGS...: runs one component in the background, logging to DIR/NAME.log
+start() { # start NAME ARGS...: runs the control-plane binary NAME in the background
+  local name="$1"; shift
+  start_program "$name" "$BIN/$name" "$@"
+}
+
+start_program() { # start_program NAME PROGRAM ARGS...: logs to DIR/NAME.log, pid in DIR/NAME.pid
   local name="$1"; shift
   pid_alive "$name" && return
-  setsid "$BIN/$name" "$@" >>"$DIR/$name.log" 2>&1 < /dev/null &
+  setsid "$@" >>"$DIR/$name.log" 2>&1 < /dev/null &
   echo $! > "$DIR/$name.pid"
 }
 
@@ -51,7 +75,7 @@ wait_until() { # wait_until SECONDS WHAT CMD...
   until "$@" >/dev/null 2>&1; do
     if (( SECONDS - start > limit )); then
       log "timed out after ${limit}s waiting for $what; last log lines:"
-      local c; for c in "${COMPONENTS[@]}"; do [[ -f "$DIR/$c.log" ]] && { echo "--- $c.log" >&2; tail -n 15 "$DIR/$c.log" >&2; }; done
+      local c; for c in $(processes); do [[ -f "$DIR/$c.log" ]] && { echo "--- $c.log" >&2; tail -n 15 "$DIR/$c.log" >&2; }; done
       die "$what not ready"
     fi
     sleep 0.5
@@ -66,7 +90,54 @@ stop_pid() { # stop_pid NAME: SIGTERM the recorded pid, then SIGKILL after 10 s
     kill "$pid" 2>/dev/null || true
     local i
     for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+    (( i > 30 )) && log "$name took $((i / 10))s to stop"
+    if kill -0 "$pid" 2>/dev/null; then log "$name did not stop in 10s; killing it"; kill -9 "$pid" 2>/dev/null || true; fi
   fi
   rm -f "$DIR/$name.pid"
+}
+
+# The real node's leftovers, found by where they live, never by name.
+kill_cgroup_processes() { # every process in the kubelet's pod cgroups
+  local round pids
+  for round in 1 2 3 4 5; do
+    pids="$(cat /sys/fs/cgroup/pids/kubepods/cgroup.procs /sys/fs/cgroup/pids/kubepods/*/cgroup.procs \
+      /sys/fs/cgroup/pids/kubepods/*/*/cgroup.procs /sys/fs/cgroup/pids/kubepods/*/*/*/cgroup.procs 2>/dev/null || true)"
+    [[ -z "$pids" ]] && return 0
+    # shellcheck disable=SC2086
+    kill -9 $pids 2>/dev/null || true
+    sleep 0.2
+  done
+}
+
+unmount_under() { # unmount_under DIR...: deepest first
+  local prefix mounts=""
+  for prefix in "$@"; do
+    mounts+="$(awk -v p="$prefix/" 'index($5, p) == 1 {print $5}' /proc/self/mountinfo)"$'\n'
+  done
+  local m
+  while read -r m; do
+    if [[ -n "$m" ]]; then umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; fi
+  done < <(sort -r <<<"$mounts")
+}
+
+remove_kubernetes_chains() { # what the kubelet and kube-proxy left in iptables (KUBE-*)
+  local table chain
+  for table in filter nat mangle; do
+    iptables -t "$table" -S 2>/dev/null | awk '$1 == "-A" && / -j KUBE-/' | while read -r _ rule; do
+      eval "iptables -t $table -D $rule" 2>/dev/null || true # eval: -S quotes comments
+    done
+    for chain in $(iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+      iptables -t "$table" -F "$chain" 2>/dev/null || true
+    done
+    for chain in $(iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+      iptables -t "$table" -X "$chain" 2>/dev/null || true
+    done
+  done
+}
+
+remove_cgroups() { # the kubelet's pod cgroups, emptied by kill_cgroup_processes
+  local root
+  for root in /sys/fs/cgroup/*/kubepods; do
+    if [[ -d "$root" ]]; then find "$root" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
+  done
 }

@@ -3,7 +3,16 @@
 
 make_pki() {
   local pki="$DIR/pki"
-  [[ -f "$pki/apiserver.crt" ]] && return
+  [[ -f "$pki/apiserver.crt" ]] || make_control_plane_pki
+  # The real node: the kubelet's identity (the Node authorizer's), and the
+  # API server's when it calls the kubelet (logs, exec, port-forward).
+  [[ -f "$pki/kubelet.crt" ]] || client_cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME"
+  [[ -f "$pki/apiserver-kubelet-client.crt" ]] \
+    || client_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+}
+
+make_control_plane_pki() {
+  local pki="$DIR/pki"
   command -v openssl >/dev/null || die "openssl is required"
   mkdir -p "$pki"
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=keelson-dev-ca" \
@@ -17,6 +26,14 @@ make_pki() {
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
   head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$pki/admin.token"
   printf '%s,admin,admin-uid,"system:masters"\n' "$(cat "$pki/admin.token")" > "$pki/tokens.csv"
+}
+
+client_cert() { # client_cert NAME SUBJECT: DIR/pki/NAME.{key,crt}, signed by the cluster's CA
+  local pki="$DIR/pki" name="$1"
+  openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$pki/$name.key" -out "$pki/$name.csr" 2>/dev/null
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' > "$pki/client.ext"
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$pki/client.ext" -out "$pki/$name.crt" 2>/dev/null
 }
 
 write_kubeconfig() {

@@ -1,21 +1,27 @@
-# Sourced by hack/cluster.sh: the default StorageClass (the controller-manager's
-# host-path provisioner), and the default ServiceAccount every namespace needs.
+# Sourced by hack/cluster.sh: the default StorageClass `keelson-local` and its
+# provisioner, keelson-local-volumes (crates/testkit): a host folder per claim
+# under DIR/volumes, as a `local` volume on the chosen node, so that a pod's
+# fsGroup applies (uid 999 writes), data outlives pods, and claims can grow.
+# Also waits for the default ServiceAccount every namespace needs.
 
 start_storage() {
-  "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig" apply --server-side -f - >/dev/null <<SC
+  (cd "$ROOT" && cargo build --quiet -p testkit --bin keelson-local-volumes) || die "cannot build keelson-local-volumes"
+  cp "$ROOT/target/debug/keelson-local-volumes" "$DIR/keelson-local-volumes" # a rebuild must not pull it away
+  KUBECONFIG="$DIR/kubeconfig" start_program local-volumes "$DIR/keelson-local-volumes" --root "$DIR/volumes"
+  kubectl_admin apply --server-side -f - >/dev/null <<SC
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata:
-  name: standard
+  name: keelson-local
   annotations: {storageclass.kubernetes.io/is-default-class: "true"}
-provisioner: kubernetes.io/host-path
+provisioner: keelson.dev/local-volume
 reclaimPolicy: Delete
-volumeBindingMode: Immediate
+volumeBindingMode: WaitForFirstConsumer
 allowVolumeExpansion: true
 SC
 }
 
 healthy_storage() {
-  "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig" get storageclass standard \
-    && "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig" -n default get serviceaccount default
+  pid_alive local-volumes && kubectl_admin get storageclass keelson-local \
+    && kubectl_admin -n default get serviceaccount default
 }

@@ -3,19 +3,23 @@
 //! - [`Cluster::connect`] reaches the cluster `KUBECONFIG` names (the one
 //!   `make cluster-up` starts), and fails loudly under `CI=true` if it cannot.
 //! - [`TestNamespace`] gives each test its own namespace, deleted on drop,
-//!   so tests run in parallel without seeing each other.
+//!   so tests run in parallel without seeing each other; its pods go to
+//!   KWOK's fake nodes ([`Cluster::namespace`]) or to the real node
+//!   ([`Cluster::real_namespace`]).
+//! - [`pods`] runs a command in a real container and returns what it printed.
 //! - [`wait_for`] polls a condition through a watch with a timeout and, on
 //!   timeout, prints the object, everything in its namespace and the Events.
 
 pub mod control_plane;
 mod diagnostics;
 mod namespace;
+pub mod pods;
 pub mod postgres;
 pub mod process;
 mod wait;
 
 pub use diagnostics::dump_namespace;
-pub use namespace::TestNamespace;
+pub use namespace::{Nodes, TestNamespace};
 pub use wait::{DEFAULT_TIMEOUT, eventually, wait_for, wait_for_deletion};
 
 use anyhow::Context as _;
@@ -77,9 +81,16 @@ impl Cluster {
         Client::try_from(config).context("cannot build an impersonating client")
     }
 
-    /// Creates a fresh namespace for one test.
+    /// Creates a fresh namespace for one test whose pods go to KWOK's fake
+    /// nodes: most tests are about API objects, not about running containers.
     pub async fn namespace(&self, test_name: &str) -> anyhow::Result<TestNamespace> {
-        TestNamespace::create(self.client.clone(), self.config.clone(), test_name).await
+        TestNamespace::create(self.client.clone(), self.config.clone(), test_name, Nodes::Fake).await
+    }
+
+    /// Creates a fresh namespace for one test whose pods run real containers
+    /// on the real node.
+    pub async fn real_namespace(&self, test_name: &str) -> anyhow::Result<TestNamespace> {
+        TestNamespace::create(self.client.clone(), self.config.clone(), test_name, Nodes::Real).await
     }
 }
 

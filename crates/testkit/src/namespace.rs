@@ -9,6 +9,29 @@ use kube::api::{
 };
 use rand::Rng;
 
+/// Where a namespace's pods run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nodes {
+    /// KWOK's fake nodes: pods are Running at once and run nothing. For tests
+    /// of API objects and of thousands of them.
+    Fake,
+    /// The real node: real containers from the images built on this machine.
+    Real,
+}
+
+/// Annotations that send every pod of a namespace to KWOK's tainted nodes
+/// (the API server's PodNodeSelector and PodTolerationRestriction plugins).
+fn fake_node_annotations() -> std::collections::BTreeMap<String, String> {
+    [
+        ("scheduler.alpha.kubernetes.io/node-selector".to_string(), "type=kwok".to_string()),
+        (
+            "scheduler.alpha.kubernetes.io/defaultTolerations".to_string(),
+            r#"[{"key":"kwok.x-k8s.io/node","operator":"Exists","effect":"NoSchedule"}]"#.to_string(),
+        ),
+    ]
+    .into()
+}
+
 pub struct TestNamespace {
     pub name: String,
     pub client: Client,
@@ -20,7 +43,12 @@ pub struct TestNamespace {
 }
 
 impl TestNamespace {
-    pub(crate) async fn create(client: Client, config: kube::Config, test_name: &str) -> anyhow::Result<Self> {
+    pub(crate) async fn create(
+        client: Client,
+        config: kube::Config,
+        test_name: &str,
+        nodes: Nodes,
+    ) -> anyhow::Result<Self> {
         let suffix: String = rand::rng()
             .sample_iter(rand::distr::Alphanumeric)
             .take(6)
@@ -36,6 +64,7 @@ impl TestNamespace {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 labels: Some([("keelson.dev/test".to_string(), "true".to_string())].into()),
+                annotations: (nodes == Nodes::Fake).then(fake_node_annotations),
                 ..Default::default()
             },
             ..Default::default()

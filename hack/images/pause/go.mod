@@ -1,0 +1,3 @@
+module keelson.local/pause
+
+go 1.26.0
