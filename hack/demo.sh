@@ -22,7 +22,7 @@ stop_operator() {
 
 if [[ "${1:-}" == "stop-operator" ]]; then stop_operator; exit 0; fi
 
-say "Bringing up the local control plane (first run builds Kubernetes from source: ~10 min)"
+say "Bringing up the local cluster: control plane, KWOK's fake nodes, one real node (first run builds Kubernetes and the stand-in images: ~30-45 min)"
 hack/cluster.sh up
 # shellcheck disable=SC1091
 source "$DIR/env"
@@ -49,7 +49,13 @@ run cat config/samples/webapp.yaml
 run kubectl apply -f config/samples/webapp.yaml
 kubectl wait --for=jsonpath='{.status.phase}'=Running webapp/sandy-app --timeout=120s >/dev/null
 run kubectl get webapps
-run kubectl get pods -l app=sandy-app
+run kubectl get pods -l app=sandy-app -o wide
+node_port="$(kubectl get service sandy-app-service -o jsonpath='{.spec.ports[0].nodePort}')"
+say "The tutorial's nginx answers on the NodePort, on 127.0.0.1 (real containers; the image is a stand-in built from Debian's nginx)"
+serving() { curl -sf -o /dev/null "http://127.0.0.1:$node_port/"; }
+for _ in $(seq 1 300); do serving && break; sleep 0.2; done # kube-proxy programs a new Service within a second or so
+run curl -s "http://127.0.0.1:$node_port/"
+run kubectl logs -l app=sandy-app --prefix --tail 1
 
 say "An outsider scales the Deployment behind the operator's back"
 kubectl get webapp sandy-app --watch -o custom-columns=PHASE:.status.phase,REPLICAS:.spec.replicas,AVAILABLE:.status.availableReplicas,DEPLOYMENT_PODS:.status.replicas \
@@ -72,6 +78,13 @@ cat "$DIR/demo-watch.txt"
 run kubectl get webapps
 run kubectl get deployment sandy-app
 run kubectl get events --field-selector involvedObject.kind=WebApp,reason=DriftCorrected
+say "An outsider deletes the Service: it is back at once and serves (Kubernetes allocates a new NodePort to a new Service)"
+run kubectl delete service sandy-app-service
+until [[ "$(kubectl get service sandy-app-service -o jsonpath='{.spec.ports[0].nodePort}' 2>/dev/null)" =~ ^[0-9]+$ ]]; do sleep 0.2; done
+node_port="$(kubectl get service sandy-app-service -o jsonpath='{.spec.ports[0].nodePort}')"
+for _ in $(seq 1 300); do serving && break; sleep 0.2; done
+run kubectl get service sandy-app-service
+run curl -s -o /dev/null -w '%{http_code} from 127.0.0.1:%{remote_port}\n' "http://127.0.0.1:$node_port/"
 
 if [[ -f config/samples/mydatabase.yaml ]]; then
   say "The tutorial's MyDatabase"
@@ -80,7 +93,11 @@ if [[ -f config/samples/mydatabase.yaml ]]; then
   kubectl wait --for=jsonpath='{.status.phase}'=Running mydatabase/production-db --timeout=180s >/dev/null || true
   run kubectl get mydatabases
   run kubectl get statefulsets,services,cronjobs,secrets,pvc -l app.kubernetes.io/instance=production-db
-  run kubectl get pods -l keelson.dev/cluster=production-db -L keelson.dev/role
+  run kubectl get pods -l keelson.dev/cluster=production-db -L keelson.dev/role -o wide
+  say "Real PostgreSQL in those pods: the primary, and a replica in recovery"
+  run kubectl exec production-db-0 -- psql -d app -tAc "select pg_is_in_recovery(), version()"
+  run kubectl exec production-db-0 -- psql -d app -c "select application_name, client_addr, state from pg_stat_replication"
+  run kubectl exec production-db-1 -- psql -d app -tAc "select pg_is_in_recovery()"
   say "A backup now, from the CronJob's own template (as 02:00 would run it)"
   kubectl delete job production-db-backup-now --ignore-not-found >/dev/null
   run kubectl create job --from=cronjob/production-db-backup production-db-backup-now
