@@ -9,6 +9,8 @@
 #   hack/cluster.sh down           stop what `up` started (by pid) and undo its
 #                                  mounts, bridge, iptables rules and sysctls
 #   hack/cluster.sh status         say whether it is up
+#   hack/cluster.sh leftovers      after `down`: list any process, mount, bridge,
+#                                  rule, cgroup or folder it left; fails if any
 #   hack/cluster.sh stop NAME      stop one component (failure tests)
 #   hack/cluster.sh start NAME     start it again and wait until it is healthy
 #   hack/cluster.sh restart NAME
@@ -129,17 +131,10 @@ up() {
 # Undoes the real node: its processes, the pods' processes, the mounts under
 # the cluster's folders, the network and the kubelet's cgroups.
 down_node() {
-  [[ -f "$DIR/ports" ]] && source "$DIR/ports" # shellcheck disable=SC1091
-  NODE_BIN="$("$ROOT/hack/node-binaries.sh")"
-  stop_pid coredns
-  stop_kube_proxy
-  stop_pid kubelet
+  stop_pid coredns kube-proxy kubelet
   kill_cgroup_processes
   stop_pid containerd
-  local pidfile
-  for pidfile in "$RUN"/containerd/io.containerd.runtime.v2.task/*/*/shim.pid; do
-    if [[ -f "$pidfile" ]]; then kill -9 "$(cat "$pidfile")" 2>/dev/null || true; fi
-  done
+  kill_shims
   unmount_under "$DIR" "$RUN"
   stop_network
   remove_kubernetes_chains
@@ -151,15 +146,11 @@ down_node() {
 }
 
 down_quietly() {
-  local processes p
-  read -ra processes <<<"$(processes | tr '\n' ' ')"
-  for ((p = ${#processes[@]} - 1; p >= 0; p--)); do
-    case "${processes[$p]}" in
-      containerd) down_node ;;
-      kubelet | kube-proxy | coredns) ;; # down_node stops them in order
-      *) stop_pid "${processes[$p]}" ;;
-    esac
-  done
+  stop_pid local-volumes kwok kube-scheduler kube-controller-manager
+  # The node's leftovers are undone even if its processes are gone already.
+  if [[ "$(profile)" != kwok && ( -f "$DIR/containerd.pid" || -d "$RUN" ) ]]; then down_node; fi
+  stop_pid kube-apiserver
+  stop_pid etcd
   rm -rf "$DIR/etcd" "$DIR/volumes"
 }
 
@@ -197,12 +188,30 @@ status() {
   echo "down"; return 1
 }
 
+# leftovers: what `down` must not leave behind; prints it and fails if any.
+leftovers() {
+  local found=0 proc
+  for proc in /proc/[0-9]*; do
+    if tr '\0' ' ' < "$proc/cmdline" 2>/dev/null | grep -qE -- "($DIR|$RUN)/"; then
+      echo "process ${proc#/proc/}: $(tr '\0' ' ' < "$proc/cmdline" | cut -c1-120)"; found=1
+    fi
+  done
+  if awk -v d="$DIR/" -v r="$RUN/" 'index($5, d) == 1 || index($5, r) == 1 {print "mount " $5; f=1} END {exit !f}' /proc/self/mountinfo; then found=1; fi
+  if ip link show "$BRIDGE" >/dev/null 2>&1; then echo "bridge $BRIDGE"; found=1; fi
+  if { iptables-save; ip6tables-save; } 2>/dev/null | grep -E "^:($FENCE-|KUBE-)"; then found=1; fi
+  if compgen -G "/sys/fs/cgroup/*/kubepods" >/dev/null; then echo "cgroups: $(compgen -G "/sys/fs/cgroup/*/kubepods" | head -3)"; found=1; fi
+  if [[ -e "$RUN" ]]; then echo "runtime folder $RUN"; found=1; fi
+  [[ $found -eq 0 ]] && echo "nothing left behind"
+  return "$found"
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
+  leftovers) leftovers ;;
   stop) stop_one "${2:?component}" ;;
   start) start_one "${2:?component}" ;;
   restart) stop_one "${2:?component}"; start_one "$2" ;;
-  *) echo "usage: $0 up|down|status|stop NAME|start NAME|restart NAME" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|leftovers|stop NAME|start NAME|restart NAME" >&2; exit 2 ;;
 esac

@@ -14,6 +14,11 @@ log "control-plane binaries: $BIN"
 hack/postgres.sh ensure-installed
 
 started_cluster=0
+if hack/cluster.sh status 2>/dev/null | grep -q 'kwok profile'; then
+  log "the running dev cluster has no real node (kwok profile); restarting it with one"
+  hack/demo.sh stop-operator
+  hack/cluster.sh down
+fi
 if hack/cluster.sh status >/dev/null 2>&1; then
   log "reusing the running dev cluster"
   # A demo operator watching every namespace would race the tests' own operators.
@@ -26,7 +31,13 @@ else
   started_cluster=1
 fi
 cleanup() {
-  if [[ $started_cluster -eq 1 ]]; then hack/cluster.sh down; fi
+  local rc=$?
+  if [[ $started_cluster -eq 1 ]]; then
+    hack/cluster.sh down
+    # The cluster this run started must go without a trace (processes, mounts, rules).
+    hack/cluster.sh leftovers || { log "cluster-down left the above behind"; rc=1; }
+  fi
+  exit "$rc"
 }
 trap cleanup EXIT
 

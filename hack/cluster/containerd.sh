@@ -65,3 +65,12 @@ TOML
 ctr_node() { ctr --address "$(CONTAINERD_SOCK)" --namespace k8s.io "$@"; }
 
 healthy_containerd() { ctr_node version; }
+
+kill_shims() { # the runtime shims of our containerd: their -address is its socket
+  local proc
+  for proc in /proc/[0-9]*; do
+    if tr '\0' ' ' < "$proc/cmdline" 2>/dev/null | grep -q -- "-address $(CONTAINERD_SOCK) "; then
+      kill -9 "${proc#/proc/}" 2>/dev/null || true
+    fi
+  done
+}

@@ -1,6 +1,7 @@
 # Sourced by hack/cluster.sh: kube-proxy (iptables mode) for the real node.
 # NodePorts answer on 127.0.0.1 and on the node's bridge address only. It
-# leaves the host's conntrack settings alone; `stop_kube_proxy` removes its rules.
+# leaves the host's conntrack settings alone; `hack/cluster.sh down` removes
+# its rules (remove_kubernetes_chains).
 
 start_kube_proxy() {
   mkdir -p "$DIR/kube-proxy"
@@ -21,8 +22,3 @@ CFG
 }
 
 healthy_kube_proxy() { curl -sf "http://127.0.0.1:$PROXY_HEALTH_PORT/healthz"; }
-
-stop_kube_proxy() {
-  stop_pid kube-proxy
-  "$NODE_BIN/kube-proxy" --cleanup >> "$DIR/kube-proxy.log" 2>&1 || true
-}

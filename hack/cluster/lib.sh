@@ -82,18 +82,24 @@ wait_until() { # wait_until SECONDS WHAT CMD...
   done
 }
 
-stop_pid() { # stop_pid NAME: SIGTERM the recorded pid, then SIGKILL after 10 s
-  local name="$1" pid
-  [[ -f "$DIR/$name.pid" ]] || return 0
-  pid="$(cat "$DIR/$name.pid")"
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    (( i > 30 )) && log "$name took $((i / 10))s to stop"
-    if kill -0 "$pid" 2>/dev/null; then log "$name did not stop in 10s; killing it"; kill -9 "$pid" 2>/dev/null || true; fi
-  fi
-  rm -f "$DIR/$name.pid"
+stop_pid() { # stop_pid NAME...: SIGTERM the recorded pids together, then SIGKILL what is left after 10 s
+  local name pid pids=() names=()
+  for name in "$@"; do
+    [[ -f "$DIR/$name.pid" ]] || continue
+    pid="$(cat "$DIR/$name.pid")"
+    if kill -0 "$pid" 2>/dev/null; then kill "$pid" 2>/dev/null || true; pids+=("$pid"); names+=("$name"); fi
+    rm -f "$DIR/$name.pid"
+  done
+  local i j alive
+  for i in $(seq 1 100); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ $alive -eq 0 ]] && return 0
+    sleep 0.1
+  done
+  for j in "${!pids[@]}"; do
+    if kill -0 "${pids[$j]}" 2>/dev/null; then log "${names[$j]} did not stop in 10s; killing it"; kill -9 "${pids[$j]}" 2>/dev/null || true; fi
+  done
 }
 
 # The real node's leftovers, found by where they live, never by name.
@@ -121,16 +127,18 @@ unmount_under() { # unmount_under DIR...: deepest first
 }
 
 remove_kubernetes_chains() { # what the kubelet and kube-proxy left in iptables (KUBE-*)
-  local table chain
-  for table in filter nat mangle; do
-    iptables -t "$table" -S 2>/dev/null | awk '$1 == "-A" && / -j KUBE-/' | while read -r _ rule; do
-      eval "iptables -t $table -D $rule" 2>/dev/null || true # eval: -S quotes comments
-    done
-    for chain in $(iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
-      iptables -t "$table" -F "$chain" 2>/dev/null || true
-    done
-    for chain in $(iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
-      iptables -t "$table" -X "$chain" 2>/dev/null || true
+  local cmd table chain
+  for cmd in iptables ip6tables; do
+    for table in filter nat mangle; do
+      "$cmd" -t "$table" -S 2>/dev/null | awk '$1 == "-A" && / -j KUBE-/' | while read -r _ rule; do
+        eval "$cmd -t $table -D $rule" 2>/dev/null || true # eval: -S quotes comments
+      done
+      for chain in $("$cmd" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+        "$cmd" -t "$table" -F "$chain" 2>/dev/null || true
+      done
+      for chain in $("$cmd" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+        "$cmd" -t "$table" -X "$chain" 2>/dev/null || true
+      done
     done
   done
 }

@@ -94,6 +94,19 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
             DesiredCondition::new("Ready", true, "AllInstancesReady", format!("{ready}/{desired} instances ready"))
         }
         (None, None) => match pods::start_failure(&observed.pods) {
+            // An image that cannot be pulled is a version this cluster does not have.
+            Some(failure) if pods::is_image_failure(&failure.reason) => DesiredCondition::new(
+                "Ready",
+                false,
+                "VersionUnavailable",
+                format!(
+                    "spec.version {:?}: image {} is not available ({}); {ready}/{desired} instances ready; {}",
+                    db.spec.version,
+                    super::statefulset::image(db),
+                    failure.reason,
+                    failure.message
+                ),
+            ),
             // Name what the kubelet or scheduler says, not just "not ready".
             Some(failure) => DesiredCondition::new(
                 "Ready",
@@ -296,12 +309,29 @@ mod tests {
     fn a_pod_that_cannot_start_is_named_in_ready() {
         let s = sts(2, 3);
         let observed = Observed {
-            pods: vec![crate::runtime::pods::tests::waiting("production-db-2", "ImagePullBackOff")],
+            pods: vec![crate::runtime::pods::tests::waiting("production-db-2", "CrashLoopBackOff")],
             ..observed(Some(&s))
         };
         let status = compute(&sample(), &observed, &none(), &at(0));
         let (ready, reason) = condition(&status, "Ready").expect("Ready");
-        assert_eq!((ready.as_str(), reason.as_str()), ("False", "ImagePullBackOff"));
+        assert_eq!((ready.as_str(), reason.as_str()), ("False", "CrashLoopBackOff"));
         assert!(status.conditions.iter().any(|c| c.message.contains("production-db-2")));
+    }
+
+    #[test]
+    fn an_image_that_cannot_be_pulled_names_spec_version() {
+        let s = sts(0, 3);
+        let observed = Observed {
+            pods: vec![crate::runtime::pods::tests::waiting("production-db-0", "ImagePullBackOff")],
+            ..observed(Some(&s))
+        };
+        let status = compute(&sample(), &observed, &none(), &at(0));
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready").expect("Ready");
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "VersionUnavailable"));
+        assert!(
+            ready.message.starts_with("spec.version \"15.2\": image postgres:15.2 is not available"),
+            "{}",
+            ready.message
+        );
     }
 }

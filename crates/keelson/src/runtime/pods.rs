@@ -15,6 +15,11 @@ const STUCK: &[&str] = &[
     "RunContainerError",
 ];
 
+/// Whether a start failure means the image cannot be had.
+pub fn is_image_failure(reason: &str) -> bool {
+    matches!(reason, "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName")
+}
+
 /// A reason a pod cannot start, e.g. `ImagePullBackOff`, with the kubelet's message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StartFailure {

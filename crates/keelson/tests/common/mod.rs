@@ -195,3 +195,10 @@ pub async fn namespace(cluster: &Cluster, test_name: &str) -> anyhow::Result<Tes
     ns.clear_finalizers_on_drop::<keelson::api::MyDatabase>();
     Ok(ns)
 }
+
+/// A namespace for one test whose pods run real containers on the real node.
+pub async fn real_namespace(cluster: &Cluster, test_name: &str) -> anyhow::Result<TestNamespace> {
+    let mut ns = cluster.real_namespace(test_name).await?;
+    ns.clear_finalizers_on_drop::<keelson::api::MyDatabase>();
+    Ok(ns)
+}
