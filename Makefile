@@ -42,11 +42,11 @@ bench-quick: ## The same benchmark at N=100 (under 3 minutes)
 
 ##@ Local cluster
 .PHONY: cluster-up
-cluster-up: ## Start the local control plane (etcd, apiserver, controller-manager, scheduler, kwok)
+cluster-up: ## Start the local cluster: control plane, KWOK fake nodes, one real node (containerd, kubelet, kube-proxy, CoreDNS)
 	hack/cluster.sh up
 
 .PHONY: cluster-down
-cluster-down: ## Stop the local control plane (and a demo operator)
+cluster-down: ## Stop the local cluster (and a demo operator) and undo its mounts, bridge and rules
 	hack/demo.sh stop-operator
 	hack/cluster.sh down
 
