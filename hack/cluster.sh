@@ -89,14 +89,20 @@ binaries() {
   [[ "$(profile)" == kwok ]] || NODE_BIN="$("$ROOT/hack/node-binaries.sh")"
 }
 
-claim_node() {
-  [[ "$(profile)" == kwok ]] && return
-  [[ $(id -u) -eq 0 ]] || die "the real node needs root (bridge, iptables, mounts); or use KEELSON_CLUSTER_PROFILE=kwok"
+# The cluster folder whose real node runs on this machine, if not ours.
+other_node_owner() {
   local owner
   owner="$(cat "$NODE_OWNER" 2>/dev/null || true)"
-  if [[ -n "$owner" && "$owner" != "$DIR" && -f "$owner/kubelet.pid" ]] && kill -0 "$(cat "$owner/kubelet.pid")" 2>/dev/null; then
-    die "the real node of another cluster ($owner) runs on this machine; stop it first (hack/cluster.sh down with KEELSON_CLUSTER_DIR=$owner), or start this one with KEELSON_CLUSTER_PROFILE=kwok"
-  fi
+  [[ -n "$owner" && "$owner" != "$DIR" && -f "$owner/kubelet.pid" ]] && kill -0 "$(cat "$owner/kubelet.pid")" 2>/dev/null \
+    && echo "$owner"
+}
+
+claim_node() {
+  [[ "${KEELSON_CLUSTER_PROFILE:-node}" == kwok ]] && return
+  [[ $(id -u) -eq 0 ]] || die "the real node needs root (bridge, iptables, mounts); or use KEELSON_CLUSTER_PROFILE=kwok"
+  local owner
+  owner="$(other_node_owner || true)"
+  [[ -z "$owner" ]] || die "the real node of another cluster ($owner) runs on this machine; stop it first (hack/cluster.sh down with KEELSON_CLUSTER_DIR=$owner), or start this one with KEELSON_CLUSTER_PROFILE=kwok"
   echo "$DIR" > "$NODE_OWNER"
 }
 
@@ -111,10 +117,10 @@ up() {
       return
     fi
   fi
+  claim_node
   down_quietly
   echo "${KEELSON_CLUSTER_PROFILE:-node}" > "$DIR/profile"
   binaries
-  claim_node
   local started=$SECONDS c
   pick_ports
   # shellcheck disable=SC1091
@@ -131,6 +137,9 @@ up() {
 # Undoes the real node: its processes, the pods' processes, the mounts under
 # the cluster's folders, the network and the kubelet's cgroups.
 down_node() {
+  local owner
+  owner="$(other_node_owner || true)"
+  if [[ -n "$owner" ]]; then log "the real node on this machine is $owner's; leaving it alone"; return 0; fi
   stop_pid coredns kube-proxy kubelet
   kill_cgroup_processes
   stop_pid containerd

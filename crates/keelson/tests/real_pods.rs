@@ -11,16 +11,7 @@ use keelson::api::MyDatabase;
 use keelson::api::webapp::{ServiceType, WebApp, WebAppPhase, WebAppSpec};
 use kube::api::{ListParams, PostParams};
 use serde_json::json;
-use testkit::{DEFAULT_TIMEOUT, cluster_or_skip, eventually, kubectl, wait_for};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-
-async fn http_get(address: &str) -> anyhow::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await?;
-    Ok(body)
-}
+use testkit::{DEFAULT_TIMEOUT, cluster_or_skip, eventually, http_get, kubectl, wait_for};
 
 #[tokio::test]
 async fn tutorial_webapp_serves_from_real_pods_and_scaling_drift_is_taken_back() -> anyhow::Result<()> {

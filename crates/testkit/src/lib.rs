@@ -12,6 +12,7 @@
 
 pub mod control_plane;
 mod diagnostics;
+mod http;
 mod namespace;
 pub mod pods;
 pub mod postgres;
@@ -19,6 +20,7 @@ pub mod process;
 mod wait;
 
 pub use diagnostics::dump_namespace;
+pub use http::http_get;
 pub use namespace::{Nodes, TestNamespace};
 pub use wait::{DEFAULT_TIMEOUT, eventually, wait_for, wait_for_deletion};
 

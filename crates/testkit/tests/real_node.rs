@@ -12,26 +12,11 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::pods::{run, shell_pod};
-use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl, wait_for, wait_for_deletion};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use testkit::{
+    DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, http_get, kubectl, wait_for, wait_for_deletion,
+};
 
 const NODE: &str = "keelson-node";
-
-async fn http_get(address: &str) -> anyhow::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream.write_all(b"GET / HTTP/1.0\r\nHost: test\r\n\r\n").await?;
-    // Read until the server closes; a reset after the answer (port-forward) ends it too.
-    let (mut body, mut chunk) = (Vec::new(), [0u8; 4096]);
-    loop {
-        match stream.read(&mut chunk).await {
-            Ok(0) => break,
-            Ok(n) => body.extend_from_slice(&chunk[..n]),
-            Err(_) if !body.is_empty() => break,
-            Err(error) => return Err(error.into()),
-        }
-    }
-    Ok(String::from_utf8_lossy(&body).into_owned())
-}
 
 #[tokio::test]
 async fn real_node_is_ready_and_names_its_stand_in_images() -> anyhow::Result<()> {
