@@ -198,5 +198,23 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
     assert_eq!(state, "streaming");
     // The replica is read-only.
     assert!(replica.psql("app", APP_PASSWORD, "app", "INSERT INTO orders VALUES (9002, 'x', 1)").is_err());
+
+    // Readiness: both are ready while the replica streams; the replica is not once its primary is gone.
+    let ready = |server: &Server| -> anyhow::Result<bool> {
+        let env = [
+            ("PGBIN", postgres::bindir().to_string_lossy().into_owned()),
+            ("PGHOST", server.socket_dir().to_string_lossy().into_owned()),
+            ("PGPORT", server.port.to_string()),
+        ];
+        Ok(run(&script, &["ready"], &env)?.status.success())
+    };
+    assert!(ready(&primary)?, "the primary is not ready");
+    assert!(ready(&replica)?, "a streaming replica is not ready");
+    drop(primary);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ready(&replica)? {
+        anyhow::ensure!(Instant::now() < deadline, "a replica without its primary stays ready");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     Ok(())
 }

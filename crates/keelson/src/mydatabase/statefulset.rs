@@ -66,6 +66,20 @@ pub fn mount(name: &str, path: &str) -> VolumeMount {
     VolumeMount { name: name.into(), mount_path: path.into(), ..Default::default() }
 }
 
+/// Readiness as clients mean it: the primary accepts connections, a replica
+/// streams (the script's `ready`). Checked often: the Services follow it.
+fn ready_probe() -> Probe {
+    Probe {
+        exec: Some(ExecAction {
+            command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "ready".into()]),
+        }),
+        period_seconds: Some(2),
+        timeout_seconds: Some(3),
+        failure_threshold: Some(2),
+        ..Default::default()
+    }
+}
+
 fn pg_isready() -> Probe {
     Probe {
         exec: Some(ExecAction {
@@ -109,7 +123,7 @@ pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),
-        readiness_probe: Some(pg_isready()),
+        readiness_probe: Some(ready_probe()),
         liveness_probe: Some(Probe { initial_delay_seconds: Some(30), failure_threshold: Some(6), ..pg_isready() }),
         security_context: Some(security::restricted_container()),
         volume_mounts: Some(vec![
@@ -240,7 +254,7 @@ mod tests {
         let container = &pod.containers[0];
         assert_eq!(container.image.as_deref(), Some("postgres:15.2"));
         let probe = container.readiness_probe.as_ref().and_then(|p| p.exec.as_ref()).and_then(|e| e.command.clone());
-        assert_eq!(probe.expect("probe")[0], "pg_isready");
+        assert_eq!(probe.expect("probe")[1..], ["/scripts/keelson-postgres.sh".to_string(), "ready".to_string()]);
         let anti = pod.affinity.as_ref().and_then(|a| a.pod_anti_affinity.as_ref()).expect("anti-affinity");
         assert!(anti.preferred_during_scheduling_ignored_during_execution.is_some());
         let env = container.env.as_ref().expect("env");

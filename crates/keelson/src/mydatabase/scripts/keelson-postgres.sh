@@ -7,6 +7,8 @@
 #                                      as a streaming replica of it, then run postgres
 #   keelson-postgres.sh init-primary   initdb + app database, user and replication role
 #   keelson-postgres.sh init-replica   pg_basebackup from $PRIMARY_HOST, standby config
+#   keelson-postgres.sh ready          readiness: the primary accepts connections; a
+#                                      replica also streams from the primary
 #   keelson-postgres.sh backup         pg_dump of $APP_DB into $BACKUP_DIR, then prune
 #   keelson-postgres.sh prune          delete backups older than $RETENTION, never the newest
 #   keelson-postgres.sh restore FILE   restore one backup into $APP_DB
@@ -14,7 +16,8 @@
 # Environment: PGDATA, PGPORT (5432), APP_DB, APP_USER, APP_PASSWORD,
 # REPLICATION_USER, REPLICATION_PASSWORD, PRIMARY_HOST, PRIMARY_PORT,
 # BACKUP_DIR, RETENTION (e.g. 7d, 12h, 4w), PGBIN (folder of the PostgreSQL
-# binaries, default: from PATH), POD_NAME (for `start`).
+# binaries, default: from PATH), POD_NAME (for `start`), PGHOST (the local
+# socket folder for `ready`, default /var/run/postgresql).
 set -euo pipefail
 
 PGPORT="${PGPORT:-5432}"
@@ -96,6 +99,19 @@ start() {
   exec "$(bin postgres)" -D "$PGDATA" -p "$PGPORT"
 }
 
+# Ready means what clients expect of the Services: the primary accepts
+# connections; a replica also streams from the primary (a replica that only
+# started, or lost its primary, serves stale reads and is not ready).
+ready() {
+  "$(bin pg_isready)" -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" || exit 1
+  local state
+  state="$("$(bin psql)" -X -At -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres -d postgres -c \
+    "SELECT CASE WHEN NOT pg_is_in_recovery() THEN 'primary'
+                 WHEN EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming') THEN 'streaming'
+                 ELSE 'not-streaming' END")" || exit 1
+  [[ "$state" == primary || "$state" == streaming ]] || { log "not ready: replica is $state"; exit 1; }
+}
+
 prune() {
   need RETENTION
   local keep now cutoff newest file stamp epoch
@@ -150,8 +166,9 @@ case "${1:-}" in
   start) start ;;
   init-primary) init_primary ;;
   init-replica) init_replica ;;
+  ready) ready ;;
   backup) backup ;;
   prune) prune ;;
   restore) shift; restore "$@" ;;
-  *) echo "usage: $0 start|init-primary|init-replica|backup|prune|restore FILE" >&2; exit 2 ;;
+  *) echo "usage: $0 start|init-primary|init-replica|ready|backup|prune|restore FILE" >&2; exit 2 ;;
 esac

@@ -1,0 +1,77 @@
+//! MyDatabase on real PostgreSQL in pods on the local cluster's real node,
+//! proven with SQL: replication, the connection Secret, the Services.
+
+mod common;
+
+use common::TestOperator;
+use keelson::api::MyDatabase;
+use keelson::api::mydatabase::DatabasePhase;
+use kube::api::PostParams;
+use serde_json::json;
+use testkit::pods::{run, shell_pod};
+use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl};
+
+/// The tutorial's manifest, unchanged.
+fn tutorial() -> anyhow::Result<MyDatabase> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": "production-db"},
+        "spec": {"replicas": 3, "version": "15.2", "storage": "100Gi",
+                 "backup": {"schedule": "0 2 * * *", "retention": "7d"}}
+    }))?)
+}
+
+/// SQL as the local superuser inside an instance's container (Unix socket, trust).
+fn sql_in(ns: &TestNamespace, pod: &str, sql: &str) -> anyhow::Result<String> {
+    Ok(kubectl(&["-n", &ns.name, "exec", pod, "-c", "postgres", "--", "psql", "-X", "-At", "-d", "app", "-c", sql])?
+        .trim()
+        .to_string())
+}
+
+/// A client pod that runs `psql` with a key of the connection Secret as its URI.
+fn client(name: &str, uri_key: &str, script: &str) -> serde_json::Value {
+    let mut pod = shell_pod(name, "postgres:15.2", script);
+    pod["spec"]["containers"][0]["env"] = json!([{"name": "URI",
+        "valueFrom": {"secretKeyRef": {"name": "production-db-credentials", "key": uri_key}}}]);
+    pod
+}
+
+#[tokio::test]
+async fn tutorial_database_streams_to_two_replicas_and_serves_its_connection_secret() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-replication").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let dbs = ns.api::<MyDatabase>();
+    dbs.create(&PostParams::default(), &tutorial()?).await?;
+    testkit::wait_for(&dbs, "production-db", "Running 3/3 on real PostgreSQL", DEFAULT_TIMEOUT, |db| {
+        db.status.as_ref().is_some_and(|s| s.phase == Some(DatabasePhase::Running) && s.ready_replicas == 3)
+    })
+    .await?;
+
+    assert_eq!(sql_in(&ns, "production-db-0", "SELECT pg_is_in_recovery()")?, "f", "ordinal 0 is the primary");
+    for replica in ["production-db-1", "production-db-2"] {
+        assert_eq!(sql_in(&ns, replica, "SELECT pg_is_in_recovery()")?, "t", "{replica} is a replica");
+    }
+    let streaming =
+        sql_in(&ns, "production-db-0", "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")?;
+    assert_eq!(streaming, "2", "both replicas stream from the primary");
+
+    // Through the Secret's URI (the -rw Service, cluster DNS, the app role's password).
+    let write = "psql \"$URI\" -v ON_ERROR_STOP=1 -At -c 'CREATE TABLE orders (id int PRIMARY KEY, item text)' \
+                 -c \"INSERT INTO orders VALUES (1, 'written through -rw')\" -c 'SELECT pg_is_in_recovery()'";
+    let written = run(&ns, client("writer", "uri", write)).await?;
+    assert!(written.succeeded && written.logs.trim_end().ends_with('f'), "psql \"$uri\" failed: {}", written.logs);
+
+    for replica in ["production-db-1", "production-db-2"] {
+        eventually(DEFAULT_TIMEOUT, "the row to reach the replica", || async {
+            sql_in(&ns, replica, "SELECT item FROM orders WHERE id = 1").is_ok_and(|item| item == "written through -rw")
+        })
+        .await?;
+    }
+
+    // The -ro Service reaches replicas only: every answer is "in recovery".
+    let ro = "for i in 1 2 3 4 5 6; do psql \"${URI/-rw./-ro.}\" -At -c 'SELECT pg_is_in_recovery()' || exit 1; done";
+    let read = run(&ns, client("reader", "uri", ro)).await?;
+    assert!(read.succeeded, "psql through -ro failed: {}", read.logs);
+    assert_eq!(read.logs.lines().filter(|l| *l == "t").count(), 6, "-ro reached a primary: {}", read.logs);
+    Ok(())
+}
