@@ -96,10 +96,20 @@ fn backup_restores_to_identical_data_and_a_failed_backup_exits_non_zero() -> any
         ("BACKUP_DIR", backups.to_string_lossy().into_owned()),
         ("RETENTION", "7d".to_string()),
     ]);
-    check(run(&script, &["backup"], &env)?, "backup")?;
+    let report = scratch.path.join("termination-log");
+    postgres::chown_postgres(&scratch.path)?;
+    let mut reporting = env.clone();
+    reporting.push(("TERMINATION_LOG", report.to_string_lossy().into_owned()));
+    // An unreachable replica host falls back to the primary.
+    reporting.push(("BACKUP_SOURCE_HOST", "127.0.0.2".to_string()));
+    check(run(&script, &["backup"], &reporting)?, "backup")?;
     let files = dumps(&backups);
     assert_eq!(files.len(), 1, "{files:?}");
     assert!(files[0].starts_with("app-") && files[0].ends_with(".dump"), "{files:?}");
+    // The pod's termination message names the backup and its size, for the operator.
+    let reported: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
+    let size = std::fs::metadata(backups.join(&files[0]))?.len();
+    assert_eq!(reported, serde_json::json!({"name": files[0], "sizeBytes": size}));
 
     // Lose data, then restore it.
     server.psql("app", APP_PASSWORD, "app", "DELETE FROM orders WHERE id > 100; UPDATE orders SET qty = -1")?;

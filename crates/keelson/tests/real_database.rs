@@ -73,5 +73,19 @@ async fn tutorial_database_streams_to_two_replicas_and_serves_its_connection_sec
     let read = run(&ns, client("reader", "uri", ro)).await?;
     assert!(read.succeeded, "psql through -ro failed: {}", read.logs);
     assert_eq!(read.logs.lines().filter(|l| *l == "t").count(), 6, "-ro reached a primary: {}", read.logs);
+
+    // A backup now, from the CronJob's own template: taken from a replica, verified, named in status.
+    kubectl(&["-n", &ns.name, "create", "job", "--from=cronjob/production-db-backup", "backup-now"])?;
+    let backed_up = testkit::wait_for(&dbs, "production-db", "the backup named in status", DEFAULT_TIMEOUT, |db| {
+        db.status.as_ref().is_some_and(|s| s.last_backup_name.is_some() && s.last_backup_size_bytes.is_some())
+    })
+    .await?;
+    let status = backed_up.status.unwrap_or_default();
+    let name = status.last_backup_name.unwrap_or_default();
+    assert!(name.starts_with("app-") && name.ends_with(".dump"), "{name}");
+    assert!(status.last_backup_size_bytes.unwrap_or_default() > 1000, "a dump of a table is more than a header");
+    let logs = kubectl(&["-n", &ns.name, "logs", "job/backup-now"])?;
+    assert!(logs.contains("from production-db-ro:5432"), "the backup was not taken from a replica: {logs}");
+    assert!(logs.contains(&format!("backup complete and verified: {name}")), "{logs}");
     Ok(())
 }

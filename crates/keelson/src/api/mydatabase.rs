@@ -129,6 +129,12 @@ pub struct MyDatabaseStatus {
     /// Completion time of the newest successful backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup_time: Option<Time>,
+    /// File name of the newest successful backup in the backups volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup_name: Option<String>,
+    /// Size in bytes of the newest successful backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup_size_bytes: Option<i64>,
     /// The Secret holding the connection details.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret: Option<String>,

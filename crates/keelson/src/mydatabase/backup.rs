@@ -39,7 +39,7 @@ pub fn volume_claim(db: &MyDatabase) -> PersistentVolumeClaim {
     }
 }
 
-/// The pod that runs `keelson-postgres.sh backup` against the primary.
+/// The pod that runs `keelson-postgres.sh backup`, against a replica where one exists.
 fn backup_pod(db: &MyDatabase, retention: &str) -> PodTemplateSpec {
     PodTemplateSpec {
         metadata: Some(ObjectMeta { labels: Some(names::labels(db, "backup")), ..Default::default() }),
@@ -52,6 +52,11 @@ fn backup_pod(db: &MyDatabase, retention: &str) -> PodTemplateSpec {
                 command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "backup".into()]),
                 env: Some(vec![
                     env("PRIMARY_HOST", names::rw_service(db)),
+                    // From a replica where one exists, so the primary is not loaded.
+                    env(
+                        "BACKUP_SOURCE_HOST",
+                        if db.spec.replicas > 1 { names::ro_service(db) } else { names::rw_service(db) },
+                    ),
                     env("PRIMARY_PORT", PORT.to_string()),
                     env("APP_DB", APP_DB),
                     env("APP_USER", APP_USER),

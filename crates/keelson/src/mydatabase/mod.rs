@@ -88,6 +88,8 @@ pub async fn run(params: RunParams) {
     let client = &ctx.client;
     let managed = meta::managed_selector();
     let of_component = |component: &str| format!("{managed},app.kubernetes.io/component={component}");
+    // Database pods, and backup pods for the name and size their termination message reports.
+    let of_component_in = |components: &str| format!("{managed},app.kubernetes.io/component in ({components})");
     let watch = |kind: &str| readiness.watch(format!("{}/{kind}", reconcile::CONTROLLER));
     let (databases, database_events) =
         cache::watch(scoped_api::<MyDatabase>(client, namespace), "", watch("MyDatabase"));
@@ -105,7 +107,7 @@ pub async fn run(params: RunParams) {
     // CronJob, the StatefulSet or no one: mapped to their MyDatabase by label.
     let (jobs, job_events) = cache::watch(scoped_api::<Job>(client, namespace), &of_component("backup"), watch("Job"));
     let (pods, pod_events) =
-        cache::watch(scoped_api::<Pod>(client, namespace), &of_component("database"), watch("Pod"));
+        cache::watch(scoped_api::<Pod>(client, namespace), &of_component_in("database,backup"), watch("Pod"));
     let (claims, claim_events) =
         cache::watch(scoped_api::<PersistentVolumeClaim>(client, namespace), &managed, watch("PersistentVolumeClaim"));
     let controller = Controller::for_stream(database_events, databases)

@@ -38,6 +38,8 @@ pub struct Observed {
     pub pods: Vec<Pod>,
     /// Backup Jobs of the CronJob and the final backup.
     pub backup_jobs: Vec<Job>,
+    /// Pods of the backup Jobs (their termination message names the backup).
+    pub backup_pods: Vec<Pod>,
     /// Data volumes, by name.
     pub data_claims: Vec<PersistentVolumeClaim>,
     pub backups_claim: Option<PersistentVolumeClaim>,
@@ -58,6 +60,7 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
         statefulset: cache::get(&caches.statefulsets, &namespace, &names::statefulset(db)),
         pods: cache::list(&caches.pods, &namespace, &names::pod_selector(db)),
         backup_jobs: cache::list(&caches.jobs, &namespace, &names::labels(db, "backup")),
+        backup_pods: cache::list(&caches.pods, &namespace, &names::labels(db, "backup")),
         data_claims: cache::list(&caches.claims, &namespace, &names::pod_selector(db)),
         backups_claim: cache::get(&caches.claims, &namespace, &names::backups_pvc(db)),
         backup_cron_job: cache::get(&caches.cron_jobs, &namespace, &names::backup_cronjob(db)),

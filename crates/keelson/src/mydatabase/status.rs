@@ -2,6 +2,7 @@
 //! StatefulSet's readiness and the backup Jobs' outcomes.
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
@@ -15,8 +16,32 @@ use crate::runtime::{Outcome, pods};
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Backups {
     pub last_success: Option<Time>,
+    /// Name of the newest successful Job.
+    pub last_success_job: Option<String>,
     /// Name of the newest finished Job when it failed.
     pub newest_failed: Option<String>,
+}
+
+/// What a backup pod reported in its termination message.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupReport {
+    pub name: String,
+    pub size_bytes: i64,
+}
+
+/// The report of the succeeded pod of Job `job`, if it left one.
+pub fn backup_report(pods: &[Pod], job: &str) -> Option<BackupReport> {
+    pods.iter()
+        .filter(|pod| pod.labels().get("batch.kubernetes.io/job-name").map(String::as_str) == Some(job))
+        .filter_map(|pod| {
+            let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+            statuses.iter().find_map(|c| {
+                let terminated = c.state.as_ref()?.terminated.as_ref()?;
+                (terminated.exit_code == 0).then(|| serde_json::from_str(terminated.message.as_deref()?).ok())?
+            })
+        })
+        .next()
 }
 
 fn job_condition_time(job: &Job, type_: &str) -> Option<Time> {
@@ -42,8 +67,10 @@ pub fn observe_backups(jobs: &[Job]) -> Backups {
         })
         .collect();
     finished.sort_by_key(|(time, _, _)| time.0);
+    let last_success = finished.iter().rev().find(|(_, ok, _)| *ok);
     Backups {
-        last_success: finished.iter().rev().find(|(_, ok, _)| *ok).map(|(t, _, _)| t.clone()),
+        last_success: last_success.map(|(t, _, _)| t.clone()),
+        last_success_job: last_success.map(|(_, _, name)| name.clone()),
         newest_failed: finished.last().filter(|(_, ok, _)| !ok).map(|(_, _, name)| name.clone()),
     }
 }
@@ -152,6 +179,7 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
         (None, None) => {}
     }
     let previous_conditions = previous.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let report = backups.last_success_job.as_deref().and_then(|job| backup_report(&observed.backup_pods, job));
     MyDatabaseStatus {
         phase: Some(phase),
         ready: is_ready,
@@ -161,6 +189,14 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
             _ => Some(format!("{ready}/{desired}")),
         },
         last_backup_time: backups.last_success.clone().or_else(|| previous.and_then(|s| s.last_backup_time.clone())),
+        last_backup_name: report
+            .as_ref()
+            .map(|r| r.name.clone())
+            .or_else(|| previous.and_then(|s| s.last_backup_name.clone())),
+        last_backup_size_bytes: report
+            .as_ref()
+            .map(|r| r.size_bytes)
+            .or_else(|| previous.and_then(|s| s.last_backup_size_bytes)),
         credentials_secret: Some(names::credentials(db)),
         observed_generation: db.metadata.generation,
         conditions: merge_conditions(previous_conditions, &conditions, db.metadata.generation, now),
@@ -282,6 +318,8 @@ mod tests {
         assert_eq!(status.last_backup_time, Some(at(100)));
         assert_eq!(condition(&status, "LastBackupSucceeded"), Some(("False".into(), "BackupFailed".into())));
 
+        assert_eq!(backups.last_success_job.as_deref(), Some("b-1"));
+
         let recovered = observe_backups(&[job("b-2", "Failed", 200), job("b-3", "Complete", 300)]);
         assert_eq!(recovered.newest_failed, None);
         assert_eq!(recovered.last_success, Some(at(300)));
@@ -333,5 +371,34 @@ mod tests {
             "{}",
             ready.message
         );
+    }
+
+    fn backup_pod(job: &str, exit_code: i32, message: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("{job}-x"), "labels": {"batch.kubernetes.io/job-name": job}},
+            "status": {"containerStatuses": [{"name": "backup", "image": "postgres:15.2", "imageID": "", "ready": false,
+                "restartCount": 0, "state": {"terminated": {"exitCode": exit_code, "message": message}}}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn the_newest_backup_is_named_with_its_size_from_its_pod() {
+        let jobs = vec![job("b-1", "Complete", 100), job("b-2", "Complete", 200)];
+        let pods = vec![
+            backup_pod("b-1", 0, r#"{"name":"app-1.dump","sizeBytes":10}"#),
+            backup_pod("b-2", 1, "crashed"),
+            backup_pod("b-2", 0, r#"{"name":"app-2.dump","sizeBytes":2048}"#),
+        ];
+        let s = sts(3, 3);
+        let with_pods = Observed { backup_jobs: jobs, backup_pods: pods, ..observed(Some(&s)) };
+        let status = compute(&sample(), &with_pods, &none(), &at(0));
+        assert_eq!(status.last_backup_name.as_deref(), Some("app-2.dump"));
+        assert_eq!(status.last_backup_size_bytes, Some(2048));
+        // Once the Job's pods are gone, the last known backup stays in status.
+        let mut db = sample();
+        db.status = Some(status);
+        let later = compute(&db, &Observed { backup_jobs: vec![], ..observed(Some(&s)) }, &none(), &at(0));
+        assert_eq!(later.last_backup_name.as_deref(), Some("app-2.dump"));
     }
 }

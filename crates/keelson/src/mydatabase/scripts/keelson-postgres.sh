@@ -9,13 +9,14 @@
 #   keelson-postgres.sh init-replica   pg_basebackup from $PRIMARY_HOST, standby config
 #   keelson-postgres.sh ready          readiness: the primary accepts connections; a
 #                                      replica also streams from the primary
-#   keelson-postgres.sh backup         pg_dump of $APP_DB into $BACKUP_DIR, then prune
+#   keelson-postgres.sh backup         pg_dump of $APP_DB into $BACKUP_DIR (from a replica
+#                                      where one answers), verified, then prune
 #   keelson-postgres.sh prune          delete backups older than $RETENTION, never the newest
 #   keelson-postgres.sh restore FILE   restore one backup into $APP_DB
 #
 # Environment: PGDATA, PGPORT (5432), APP_DB, APP_USER, APP_PASSWORD,
 # REPLICATION_USER, REPLICATION_PASSWORD, PRIMARY_HOST, PRIMARY_PORT,
-# BACKUP_DIR, RETENTION (e.g. 7d, 12h, 4w), PGBIN (folder of the PostgreSQL
+# BACKUP_DIR, BACKUP_SOURCE_HOST, TERMINATION_LOG, RETENTION (e.g. 7d, 12h, 4w), PGBIN (folder of the PostgreSQL
 # binaries, default: from PATH), POD_NAME (for `start`), PGHOST (the local
 # socket folder for `ready`, default /var/run/postgresql).
 set -euo pipefail
@@ -132,23 +133,40 @@ prune() {
   done < <(find "$BACKUP_DIR" -maxdepth 1 -name "*.dump" -printf '%f\n' | sort)
 }
 
+# A logical backup (pg_dump -Fc: restorable into any later server, one file,
+# verified by reading its table of contents) from a replica where one answers
+# ($BACKUP_SOURCE_HOST), else from the primary. Its name and size go to the
+# pod's termination message, where the operator reads them for status.
 backup() {
   need PRIMARY_HOST; need APP_PASSWORD; need RETENTION
   retention_seconds "$RETENTION" >/dev/null
   mkdir -p "$BACKUP_DIR"
-  local stamp target
+  local stamp target source="$PRIMARY_HOST"
   stamp="$(date -u +%Y%m%dT%H%M%SZ)"
   target="$BACKUP_DIR/$APP_DB-$stamp.dump"
-  log "backing up $APP_DB from $PRIMARY_HOST:$PRIMARY_PORT to $target"
-  # Written under a temporary name: a failed dump never counts as a backup.
-  if ! PGPASSWORD="$APP_PASSWORD" "$(bin pg_dump)" -h "$PRIMARY_HOST" -p "$PRIMARY_PORT" -U "$APP_USER" \
+  if [[ -n "${BACKUP_SOURCE_HOST:-}" ]] && "$(bin pg_isready)" -q -t 5 -h "$BACKUP_SOURCE_HOST" -p "$PRIMARY_PORT"; then
+    source="$BACKUP_SOURCE_HOST"
+  fi
+  log "backing up $APP_DB from $source:$PRIMARY_PORT to $target"
+  # Written under a temporary name: a failed or unreadable dump never counts as a backup.
+  if ! PGPASSWORD="$APP_PASSWORD" "$(bin pg_dump)" -h "$source" -p "$PRIMARY_PORT" -U "$APP_USER" \
       -d "$APP_DB" -Fc -f "$target.partial"; then
     rm -f "$target.partial"
     log "backup FAILED"
     exit 1
   fi
+  if ! "$(bin pg_restore)" --list "$target.partial" >/dev/null; then
+    rm -f "$target.partial"
+    log "backup FAILED: the dump cannot be read back"
+    exit 1
+  fi
   mv "$target.partial" "$target"
-  log "backup complete: $(du -h "$target" | cut -f1)"
+  local size; size="$(stat -c %s "$target")"
+  log "backup complete and verified: $(basename "$target"), $size bytes"
+  local report="${TERMINATION_LOG:-/dev/termination-log}"
+  if [[ -n "${TERMINATION_LOG:-}" || -w "$report" ]]; then
+    printf '{"name":"%s","sizeBytes":%s}' "$(basename "$target")" "$size" > "$report"
+  fi
   prune
 }
 
