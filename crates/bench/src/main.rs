@@ -428,6 +428,7 @@ fn database(i: usize) -> MyDatabase {
             storage: "1Gi".into(),
             image_repository: "postgres".into(),
             backup: Some(BackupSpec { schedule: "0 2 * * *".into(), retention: "7d".into(), storage: "1Gi".into() }),
+            restore_from: None,
             deletion_policy: DeletionPolicy::Delete,
         },
     )

@@ -111,6 +111,40 @@ fn backup_restores_to_identical_data_and_a_failed_backup_exits_non_zero() -> any
     let size = std::fs::metadata(backups.join(&files[0]))?.len();
     assert_eq!(reported, serde_json::json!({"name": files[0], "sizeBytes": size}));
 
+    // A new database from that backup: the backed-up rows, with the new database's own password.
+    let restored_root = scratch.path.join("restored");
+    std::fs::create_dir_all(&restored_root)?;
+    postgres::chown_postgres(&restored_root)?;
+    let restored_data = restored_root.join("pgdata");
+    let mut restore_env = base_env(&restored_data);
+    restore_env.retain(|(k, _)| *k != "APP_PASSWORD");
+    restore_env.extend([
+        ("APP_PASSWORD", "its-own-password".to_string()),
+        ("BACKUP_DIR", backups.to_string_lossy().into_owned()),
+        ("PGPORT", postgres::free_port()?.to_string()),
+    ]);
+    check(run(&script, &["restore-new"], &restore_env)?, "restore-new")?;
+    let restored = Server::start(&restored_data, &scratch.path)?;
+    let sql = "SELECT count(*) || ':' || md5(string_agg(id || item || qty, ',' ORDER BY id)) FROM orders";
+    assert_eq!(restored.psql("app", "its-own-password", "app", sql)?, seeded, "the restore differs from the backup");
+    assert!(restored.psql("app", APP_PASSWORD, "app", "SELECT 1").is_err(), "the source's password still works");
+    drop(restored);
+    // A backup that is not there fails with a message naming the field and what there is.
+    let mut missing = restore_env.clone();
+    let report = restored_root.join("termination-log");
+    missing.extend([
+        ("RESTORE_BACKUP", "app-19700101T000000Z.dump".to_string()),
+        ("TERMINATION_LOG", report.to_string_lossy().into_owned()),
+    ]);
+    std::fs::remove_file(restored_root.join("keelson-restored-from"))?;
+    assert!(!run(&script, &["restore-new"], &missing)?.status.success(), "a missing backup was restored");
+    let message = std::fs::read_to_string(&report)?;
+    assert!(
+        message.starts_with("spec.restoreFrom.backup app-19700101T000000Z.dump: no such backup")
+            && message.contains(&files[0]),
+        "{message}"
+    );
+
     // Lose data, then restore it.
     server.psql("app", APP_PASSWORD, "app", "DELETE FROM orders WHERE id > 100; UPDATE orders SET qty = -1")?;
     assert_ne!(fingerprint(&server)?, seeded);

@@ -4,9 +4,10 @@
 mod common;
 
 use common::TestOperator;
+use k8s_openapi::api::core::v1::Secret;
 use keelson::api::MyDatabase;
 use keelson::api::mydatabase::DatabasePhase;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use testkit::pods::{run, shell_pod};
 use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl};
@@ -87,5 +88,71 @@ async fn tutorial_database_streams_to_two_replicas_and_serves_its_connection_sec
     let logs = kubectl(&["-n", &ns.name, "logs", "job/backup-now"])?;
     assert!(logs.contains("from production-db-ro:5432"), "the backup was not taken from a replica: {logs}");
     assert!(logs.contains(&format!("backup complete and verified: {name}")), "{logs}");
+
+    // Restore: a row written after the backup must not come back; the source is gone (its
+    // backups volume stays under the default Retain policy); the new database has its own password.
+    sql_in(&ns, "production-db-0", "INSERT INTO orders VALUES (2, 'after the backup')")?;
+    let source_password = secret_value(&ns, "production-db-credentials", "password").await?;
+    dbs.delete("production-db", &DeleteParams::default()).await?;
+    testkit::wait_for_deletion(&dbs, "production-db", "the source to go", DEFAULT_TIMEOUT).await?;
+    let restored: MyDatabase = serde_json::from_value(json!({
+        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": "restored-db"},
+        "spec": {"replicas": 2, "version": "15.2", "storage": "1Gi",
+                 "restoreFrom": {"database": "production-db", "backup": name}}
+    }))?;
+    dbs.create(&PostParams::default(), &restored).await?;
+    testkit::wait_for(&dbs, "restored-db", "the restored database Running 2/2", DEFAULT_TIMEOUT, |db| {
+        db.status.as_ref().is_some_and(|s| s.phase == Some(DatabasePhase::Running) && s.ready_replicas == 2)
+    })
+    .await?;
+    for pod in ["restored-db-0", "restored-db-1"] {
+        eventually(DEFAULT_TIMEOUT, "the restored rows on every instance", || async {
+            sql_in(&ns, pod, "SELECT string_agg(id || ':' || item, ',' ORDER BY id) FROM orders")
+                .is_ok_and(|rows| rows == "1:written through -rw")
+        })
+        .await?;
+    }
+    let own_password = secret_value(&ns, "restored-db-credentials", "password").await?;
+    assert_ne!(own_password, source_password, "the restored database took the source's password");
+    let mut login = client("login", "uri", "psql \"$URI\" -At -c 'SELECT count(*) FROM orders'");
+    login["spec"]["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]["name"] = json!("restored-db-credentials");
+    let logged_in = run(&ns, login).await?;
+    assert!(logged_in.succeeded && logged_in.logs.trim() == "1", "its own credentials: {}", logged_in.logs);
+    Ok(())
+}
+
+async fn secret_value(ns: &TestNamespace, secret: &str, key: &str) -> anyhow::Result<String> {
+    let secret = ns.api::<Secret>().get(secret).await?;
+    let bytes = secret.data.and_then(|mut d| d.remove(key)).map(|b| b.0).unwrap_or_default();
+    Ok(String::from_utf8(bytes)?)
+}
+
+#[tokio::test]
+async fn restoring_from_a_database_that_never_existed_is_named_in_ready() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-restore-missing").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let db: MyDatabase = serde_json::from_value(json!({
+        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": "orphan-db"},
+        "spec": {"replicas": 1, "version": "15.2", "storage": "1Gi", "restoreFrom": {"database": "never-was"}}
+    }))?;
+    let dbs = ns.api::<MyDatabase>();
+    dbs.create(&PostParams::default(), &db).await?;
+    let named = testkit::wait_for(&dbs, "orphan-db", "Ready=False RestoreSourceMissing", DEFAULT_TIMEOUT, |db| {
+        db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "RestoreSourceMissing"))
+    })
+    .await?;
+    let ready = named.status.unwrap_or_default().conditions.into_iter().find(|c| c.type_ == "Ready").expect("Ready");
+    assert_eq!(
+        ready.message,
+        "spec.restoreFrom.database \"never-was\": no backups volume never-was-backups in this namespace"
+    );
+    // Nothing started on data that is not there.
+    assert!(ns.api::<k8s_openapi::api::apps::v1::StatefulSet>().get_opt("orphan-db").await?.is_none());
+    // restoreFrom is set at creation only.
+    let edit = json!({"spec": {"restoreFrom": null}});
+    let refused = dbs.patch("orphan-db", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(edit)).await;
+    let message = refused.expect_err("removing restoreFrom was accepted").to_string();
+    assert!(message.contains("spec.restoreFrom can be set only when the MyDatabase is created"), "{message}");
     Ok(())
 }

@@ -30,6 +30,7 @@ pub const SUPPORTED_MAJORS: &[u32] = &[13, 14, 15, 16, 17];
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.restoreFrom) == has(oldSelf.restoreFrom)").message("spec.restoreFrom can be set only when the MyDatabase is created"))]
 pub struct MyDatabaseSpec {
     /// PostgreSQL instances: pod 0 is the primary, the others stream from it.
     #[serde(default = "default_replicas")]
@@ -58,11 +59,33 @@ pub struct MyDatabaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupSpec>,
 
+    /// Start from a backup of another MyDatabase in this namespace instead of an empty
+    /// database. The source may be deleted already if its backups volume was kept
+    /// (deletionPolicy Retain or Snapshot). Set at creation only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.restoreFrom is immutable: it records where the database started from"))]
+    pub restore_from: Option<RestoreFrom>,
+
     /// What deleting the MyDatabase does to its data: Retain (the default) keeps the
     /// data volumes and backups, Snapshot takes a final backup and removes the data
     /// volumes, Delete removes data volumes and backups.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+}
+
+/// Which backup a new MyDatabase starts from.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreFrom {
+    /// The MyDatabase (in this namespace) whose backups volume, `<database>-backups`, holds the backup.
+    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"), length(min = 1, max = 63))]
+    pub database: String,
+
+    /// A backup's file name, as the source's `status.lastBackupName` shows it, e.g.
+    /// `app-20261203T020000Z.dump`. The newest backup when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]*\.dump$"), length(max = 128))]
+    pub backup: Option<String>,
 }
 
 /// When backups run and how long they are kept.

@@ -13,6 +13,7 @@ pub mod names;
 pub mod observed;
 pub mod pdb;
 pub mod reconcile;
+pub mod restore;
 pub mod scripts;
 pub mod services;
 pub mod statefulset;
@@ -87,9 +88,8 @@ pub async fn run(params: RunParams) {
     let namespace = namespace.as_deref();
     let client = &ctx.client;
     let managed = meta::managed_selector();
-    let of_component = |component: &str| format!("{managed},app.kubernetes.io/component={component}");
-    // Database pods, and backup pods for the name and size their termination message reports.
-    let of_component_in = |components: &str| format!("{managed},app.kubernetes.io/component in ({components})");
+    // Database pods; backup and restore pods for what their termination message reports.
+    let of_components = |components: &str| format!("{managed},app.kubernetes.io/component in ({components})");
     let watch = |kind: &str| readiness.watch(format!("{}/{kind}", reconcile::CONTROLLER));
     let (databases, database_events) =
         cache::watch(scoped_api::<MyDatabase>(client, namespace), "", watch("MyDatabase"));
@@ -105,9 +105,10 @@ pub async fn run(params: RunParams) {
         cache::watch(scoped_api::<PodDisruptionBudget>(client, namespace), &managed, watch("PodDisruptionBudget"));
     // Backup Jobs, database pods, volumes and the credentials belong to the
     // CronJob, the StatefulSet or no one: mapped to their MyDatabase by label.
-    let (jobs, job_events) = cache::watch(scoped_api::<Job>(client, namespace), &of_component("backup"), watch("Job"));
+    let (jobs, job_events) =
+        cache::watch(scoped_api::<Job>(client, namespace), &of_components("backup,restore"), watch("Job"));
     let (pods, pod_events) =
-        cache::watch(scoped_api::<Pod>(client, namespace), &of_component_in("database,backup"), watch("Pod"));
+        cache::watch(scoped_api::<Pod>(client, namespace), &of_components("database,backup,restore"), watch("Pod"));
     let (claims, claim_events) =
         cache::watch(scoped_api::<PersistentVolumeClaim>(client, namespace), &managed, watch("PersistentVolumeClaim"));
     let controller = Controller::for_stream(database_events, databases)
@@ -155,6 +156,7 @@ pub(crate) mod tests {
                     retention: "7d".into(),
                     storage: "10Gi".into(),
                 }),
+                restore_from: None,
                 deletion_policy: DeletionPolicy::Retain,
             },
         );

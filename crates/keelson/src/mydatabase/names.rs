@@ -54,13 +54,24 @@ pub fn scripts(db: &MyDatabase) -> String {
     format!("{}-scripts", db.name_any())
 }
 pub fn backups_pvc(db: &MyDatabase) -> String {
-    format!("{}-backups", db.name_any())
+    backups_pvc_of(&db.name_any())
 }
 pub fn backup_cronjob(db: &MyDatabase) -> String {
     format!("{}{BACKUP}", db.name_any())
 }
 pub fn final_backup_job(db: &MyDatabase) -> String {
     format!("{}{FINAL_BACKUP}", db.name_any())
+}
+pub fn restore_job(db: &MyDatabase) -> String {
+    format!("{}-restore", db.name_any())
+}
+/// The data volume of pod 0, as the StatefulSet's claim template names it.
+pub fn first_data_claim(db: &MyDatabase) -> String {
+    format!("data-{}-0", statefulset(db))
+}
+/// The backups volume of another MyDatabase, `database`, in the same namespace.
+pub fn backups_pvc_of(database: &str) -> String {
+    format!("{database}-backups")
 }
 /// DNS name of pod 0, the primary, through the headless Service.
 pub fn primary_host(db: &MyDatabase) -> String {

@@ -44,6 +44,10 @@ pub struct Observed {
     pub data_claims: Vec<PersistentVolumeClaim>,
     pub backups_claim: Option<PersistentVolumeClaim>,
     pub backup_cron_job: Option<CronJob>,
+    /// With `spec.restoreFrom`: the source's backups volume, the restore Job and its pods.
+    pub restore_source: Option<PersistentVolumeClaim>,
+    pub restore_job: Option<Job>,
+    pub restore_pods: Vec<Pod>,
 }
 
 pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<Observed> {
@@ -64,5 +68,12 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
         data_claims: cache::list(&caches.claims, &namespace, &names::pod_selector(db)),
         backups_claim: cache::get(&caches.claims, &namespace, &names::backups_pvc(db)),
         backup_cron_job: cache::get(&caches.cron_jobs, &namespace, &names::backup_cronjob(db)),
+        restore_source: db
+            .spec
+            .restore_from
+            .as_ref()
+            .and_then(|from| cache::get(&caches.claims, &namespace, &names::backups_pvc_of(&from.database))),
+        restore_job: cache::get(&caches.jobs, &namespace, &names::restore_job(db)),
+        restore_pods: cache::list(&caches.pods, &namespace, &names::labels(db, "restore")),
     })
 }

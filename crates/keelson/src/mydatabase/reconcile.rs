@@ -16,6 +16,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::observed::{self, Caches, Observed};
+use super::restore::{self, Progress, Restore};
 use super::statefulset::StorageChange;
 use super::{backup, credentials, deletion, names, pdb, scripts, services, statefulset, status, validation};
 use crate::Result;
@@ -36,6 +37,7 @@ pub struct Desired {
     scripts: ConfigMap,
     services: [Service; 3],
     backups_claim: Option<PersistentVolumeClaim>,
+    restore: Option<Restore>,
     statefulset: StatefulSet,
     disruption_budget: Option<PodDisruptionBudget>,
     backup_cron_job: Option<CronJob>,
@@ -69,6 +71,7 @@ impl Reconciler for MyDatabaseReconciler {
             scripts: scripts::build(db)?,
             services: services::build(db)?,
             backups_claim,
+            restore: restore::build(db)?,
             statefulset: statefulset::build(db)?,
             disruption_budget: pdb::build(db)?,
             backup_cron_job: backup::cronjob(db)?,
@@ -87,7 +90,23 @@ impl Reconciler for MyDatabaseReconciler {
             Some(claim) => applier.apply(&caches.claims, claim).await,
             None => observed.backups_claim.clone(),
         };
+        // With spec.restoreFrom, the first instance starts only on restored data.
+        let restored = match (restore::progress(db, &observed), desired.restore) {
+            (Progress::NotNeeded | Progress::Done, _) => true,
+            (Progress::SourceMissing { volume }, _) => {
+                applier.wait(format!("the backups volume {volume} named by spec.restoreFrom.database"));
+                false
+            }
+            (Progress::Running, Some(restore)) => {
+                applier.apply(&caches.claims, restore.data_claim).await;
+                applier.apply(&caches.jobs, restore.job).await;
+                applier.wait(format!("Job {} to restore the data", names::restore_job(db)));
+                false
+            }
+            (Progress::Running | Progress::Failed { .. }, _) => false,
+        };
         let statefulset = match statefulset::storage_change(db, observed.statefulset.as_ref()) {
+            _ if !restored => None,
             StorageChange::None => applier.apply(&caches.statefulsets, desired.statefulset).await,
             StorageChange::Recreating => {
                 applier.wait(format!("StatefulSet {name} to be recreated with the new storage size"));

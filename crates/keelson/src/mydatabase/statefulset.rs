@@ -21,7 +21,7 @@ use crate::runtime::{drift, security};
 
 /// The official image runs as `postgres`, uid 999.
 pub const POSTGRES_UID: i64 = 999;
-const DATA_MOUNT: &str = "/var/lib/postgresql/data";
+pub const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 
 pub fn image(db: &MyDatabase) -> String {
     format!("{}:{}", db.spec.image_repository, db.spec.version)
@@ -92,6 +92,27 @@ fn pg_isready() -> Probe {
     }
 }
 
+/// An instance's data volume claim: the StatefulSet's template (`data`), or a
+/// claim made ahead of it under the name the StatefulSet will adopt.
+pub fn data_claim(db: &MyDatabase, name: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(names::labels(db, "database")),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some([("storage".to_string(), Quantity(db.spec.storage.clone()))].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// Builds the desired StatefulSet for `db`.
 pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
     let labels = names::labels(db, "database");
@@ -148,18 +169,7 @@ pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
         }]),
         ..Default::default()
     };
-    let claim = PersistentVolumeClaim {
-        metadata: ObjectMeta { name: Some("data".into()), labels: Some(labels.clone()), ..Default::default() },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some([("storage".to_string(), Quantity(db.spec.storage.clone()))].into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let claim = data_claim(db, "data");
     Ok(StatefulSet {
         metadata: names::owned_meta(db, names::statefulset(db), "database")?,
         spec: Some(StatefulSetSpec {

@@ -8,6 +8,7 @@ use kube::ResourceExt;
 
 use super::names;
 use super::observed::Observed;
+use super::restore::Progress;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::mydatabase::{DatabasePhase, MyDatabase, MyDatabaseStatus};
 use crate::runtime::{Outcome, pods};
@@ -75,6 +76,27 @@ pub fn observe_backups(jobs: &[Job]) -> Backups {
     }
 }
 
+fn restore_blocks(progress: &Progress) -> bool {
+    matches!(progress, Progress::SourceMissing { .. } | Progress::Running | Progress::Failed { .. })
+}
+
+/// Ready=False while the data of `spec.restoreFrom` is not in place, saying why.
+fn restore_condition(db: &MyDatabase, progress: &Progress) -> DesiredCondition {
+    let from = db.spec.restore_from.as_ref();
+    let database = from.map(|f| f.database.as_str()).unwrap_or_default();
+    let backup = from.and_then(|f| f.backup.clone()).unwrap_or_else(|| "the newest backup".into());
+    match progress {
+        Progress::SourceMissing { volume } => DesiredCondition::new(
+            "Ready",
+            false,
+            "RestoreSourceMissing",
+            format!("spec.restoreFrom.database {database:?}: no backups volume {volume} in this namespace"),
+        ),
+        Progress::Failed { message } => DesiredCondition::new("Ready", false, "RestoreFailed", message.clone()),
+        _ => DesiredCondition::new("Ready", false, "Restoring", format!("restoring {backup} of {database}")),
+    }
+}
+
 /// The status `db` should have, from what the cluster holds and what this
 /// reconcile's applier recorded. `ready` and `phase` never contradict the
 /// conditions: a refused child means not ready.
@@ -99,9 +121,10 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
             && status.map(|st| st.replicas).unwrap_or(0) == desired
     });
     let was_running = matches!(previous.and_then(|s| s.phase), Some(DatabasePhase::Running | DatabasePhase::Degraded));
+    let restore_failed = matches!(super::restore::progress(db, observed), Progress::Failed { .. });
     let phase = if deleting {
         DatabasePhase::Deleting
-    } else if invalid.is_some() {
+    } else if invalid.is_some() || restore_failed {
         DatabasePhase::Failed
     } else if statefulset.is_none() {
         DatabasePhase::Pending
@@ -114,9 +137,11 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
     };
     let is_ready = phase == DatabasePhase::Running;
 
+    let restore = super::restore::progress(db, observed);
     let mut conditions = vec![match (invalid, &failure) {
         (Some(invalid), _) => DesiredCondition::new("Ready", false, invalid.reason, invalid.message.clone()),
         (None, Some(failure)) => DesiredCondition::new("Ready", false, "ReconcileFailed", failure.clone()),
+        (None, None) if !deleting && restore_blocks(&restore) => restore_condition(db, &restore),
         (None, None) if is_ready => {
             DesiredCondition::new("Ready", true, "AllInstancesReady", format!("{ready}/{desired} instances ready"))
         }

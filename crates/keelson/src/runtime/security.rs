@@ -10,6 +10,9 @@ pub fn restricted_pod(uid: i64, fs_group: Option<i64>) -> PodSecurityContext {
         run_as_user: Some(uid),
         run_as_group: Some(uid),
         fs_group,
+        // Ownership is set once, not on every mount: a recursive pass on each
+        // start would also open up PostgreSQL's data folder, which it refuses.
+        fs_group_change_policy: fs_group.map(|_| "OnRootMismatch".to_string()),
         seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
         ..Default::default()
     }

@@ -13,6 +13,8 @@
 #                                      where one answers), verified, then prune
 #   keelson-postgres.sh prune          delete backups older than $RETENTION, never the newest
 #   keelson-postgres.sh restore FILE   restore one backup into $APP_DB
+#   keelson-postgres.sh restore-new    a new primary in $PGDATA from $RESTORE_BACKUP
+#                                      (default: the newest) in $BACKUP_DIR
 #
 # Environment: PGDATA, PGPORT (5432), APP_DB, APP_USER, APP_PASSWORD,
 # REPLICATION_USER, REPLICATION_PASSWORD, PRIMARY_HOST, PRIMARY_PORT,
@@ -67,18 +69,64 @@ local all all trust
 host replication $REPLICATION_USER all scram-sha-256
 host all all all scram-sha-256
 HBA
-  local socket; socket="$(mktemp -d)"
-  "$(bin pg_ctl)" -D "$PGDATA" -o "-c listen_addresses='' -k $socket -p $PGPORT" -w start >/dev/null
-  "$(bin psql)" -h "$socket" -p "$PGPORT" -U postgres -v ON_ERROR_STOP=1 -q \
+  start_private
+  "$(bin psql)" -h "$PRIVATE_SOCKET" -p "$PGPORT" -U postgres -v ON_ERROR_STOP=1 -q \
     -v app_user="$APP_USER" -v app_password="$APP_PASSWORD" -v app_db="$APP_DB" \
     -v repl_user="$REPLICATION_USER" -v repl_password="$REPLICATION_PASSWORD" <<'SQL'
 CREATE ROLE :"app_user" LOGIN PASSWORD :'app_password';
 CREATE DATABASE :"app_db" OWNER :"app_user";
 CREATE ROLE :"repl_user" REPLICATION LOGIN PASSWORD :'repl_password';
 SQL
-  "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null
-  rmdir "$socket" 2>/dev/null || true
+  stop_private
   log "primary initialised"
+}
+
+# A server on a socket of its own and no TCP, for setting up before anyone may connect.
+start_private() {
+  PRIVATE_SOCKET="$(mktemp -d)"
+  "$(bin pg_ctl)" -D "$PGDATA" -o "-c listen_addresses='' -k $PRIVATE_SOCKET -p $PGPORT" -w start >/dev/null
+}
+stop_private() {
+  "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null
+  rmdir "$PRIVATE_SOCKET" 2>/dev/null || true
+}
+
+# The pod's termination message: what the operator shows in status.
+report() { local to="${TERMINATION_LOG:-/dev/termination-log}"; if [[ -n "${TERMINATION_LOG:-}" || -w "$to" ]]; then printf '%s' "$1" > "$to"; fi; }
+fail() { log "$1"; report "$1"; exit 1; }
+
+# A new primary from a backup of another database: this database's own roles
+# and passwords (init-primary), then the dump's data, owned by $APP_USER.
+# $RESTORE_BACKUP names a file in $BACKUP_DIR (the source's backups volume);
+# empty means the newest.
+restore_new() {
+  need PGDATA; need BACKUP_DIR
+  local marker file available
+  marker="$(dirname "$PGDATA")/keelson-restored-from"
+  if [[ -f "$marker" ]]; then log "already restored from $(cat "$marker")"; return; fi
+  if [[ -n "${RESTORE_BACKUP:-}" ]]; then
+    file="$BACKUP_DIR/$RESTORE_BACKUP"
+  else
+    file="$(find "$BACKUP_DIR" -maxdepth 1 -name '*.dump' -printf '%p\n' | sort | tail -n 1)"
+  fi
+  if [[ -z "$file" || ! -f "$file" ]]; then
+    available="$(find "$BACKUP_DIR" -maxdepth 1 -name '*.dump' -printf '%f\n' | sort | paste -sd ' ')"
+    fail "spec.restoreFrom.backup ${RESTORE_BACKUP:-(the newest)}: no such backup in ${RESTORE_SOURCE:-$BACKUP_DIR} (it has: ${available:-none})"
+  fi
+  # An earlier attempt that did not finish starts over: nobody has used this data.
+  rm -rf "$PGDATA"
+  init_primary
+  log "restoring $(basename "$file") into $APP_DB"
+  start_private
+  if ! "$(bin pg_restore)" -h "$PRIVATE_SOCKET" -p "$PGPORT" -U postgres -d "$APP_DB" \
+      --no-owner --role="$APP_USER" --exit-on-error "$file"; then
+    stop_private
+    fail "pg_restore of $(basename "$file") from ${RESTORE_SOURCE:-$BACKUP_DIR} failed"
+  fi
+  stop_private
+  basename "$file" > "$marker"
+  report "restored $(basename "$file") from ${RESTORE_SOURCE:-$BACKUP_DIR}"
+  log "restore complete"
 }
 
 init_replica() {
@@ -97,6 +145,8 @@ start() {
   need POD_NAME
   local ordinal="${POD_NAME##*-}"
   if [[ "$ordinal" == "0" ]]; then init_primary; else init_replica; fi
+  # As the official image does: a volume's group permissions must not stop the server.
+  chmod 700 "$PGDATA"
   exec "$(bin postgres)" -D "$PGDATA" -p "$PGPORT"
 }
 
@@ -163,10 +213,7 @@ backup() {
   mv "$target.partial" "$target"
   local size; size="$(stat -c %s "$target")"
   log "backup complete and verified: $(basename "$target"), $size bytes"
-  local report="${TERMINATION_LOG:-/dev/termination-log}"
-  if [[ -n "${TERMINATION_LOG:-}" || -w "$report" ]]; then
-    printf '{"name":"%s","sizeBytes":%s}' "$(basename "$target")" "$size" > "$report"
-  fi
+  report "$(printf '{"name":"%s","sizeBytes":%s}' "$(basename "$target")" "$size")"
   prune
 }
 
@@ -188,5 +235,6 @@ case "${1:-}" in
   backup) backup ;;
   prune) prune ;;
   restore) shift; restore "$@" ;;
-  *) echo "usage: $0 start|init-primary|init-replica|ready|backup|prune|restore FILE" >&2; exit 2 ;;
+  restore-new) restore_new ;;
+  *) echo "usage: $0 start|init-primary|init-replica|ready|backup|prune|restore FILE|restore-new" >&2; exit 2 ;;
 esac

@@ -1,0 +1,178 @@
+//! `spec.restoreFrom`: before the first instance starts, a Job fills pod 0's
+//! data volume (made ahead of the StatefulSet, under the name it adopts) from
+//! a backup in another MyDatabase's backups volume: a fresh `initdb` with this
+//! database's own roles and passwords, then `pg_restore` of the dump.
+//! Replicas then clone pod 0 as usual.
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Volume,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::credentials::{PASSWORD_KEY, REPLICATION_PASSWORD_KEY};
+use super::names::{self, APP_DB, APP_USER, PORT};
+use super::observed::Observed;
+use super::statefulset::{
+    DATA_MOUNT, POSTGRES_UID, data_claim, empty_dir, env, image, mount, scripts_volume, secret_env,
+};
+use crate::Result;
+use crate::api::MyDatabase;
+use crate::api::mydatabase::RestoreFrom;
+use crate::runtime::security;
+
+/// Where the source's backups volume is mounted, read-only.
+const SOURCE_MOUNT: &str = "/restore-source";
+
+/// What a restore needs before the StatefulSet exists.
+pub struct Restore {
+    pub data_claim: PersistentVolumeClaim,
+    pub job: Job,
+}
+
+pub fn build(db: &MyDatabase) -> Result<Option<Restore>> {
+    let Some(from) = &db.spec.restore_from else { return Ok(None) };
+    Ok(Some(Restore { data_claim: data_claim(db, &names::first_data_claim(db)), job: job(db, from)? }))
+}
+
+/// Where a requested restore stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// No `spec.restoreFrom`, or the instances exist already.
+    NotNeeded,
+    /// The source's backups volume is not in this namespace.
+    SourceMissing { volume: String },
+    /// The Job is to be created or has not finished.
+    Running,
+    /// The Job failed; its pod's termination message says why.
+    Failed { message: String },
+    /// The data is in place: the StatefulSet may start.
+    Done,
+}
+
+pub fn progress(db: &MyDatabase, observed: &Observed) -> Progress {
+    let Some(from) = &db.spec.restore_from else { return Progress::NotNeeded };
+    if observed.statefulset.is_some() {
+        return Progress::NotNeeded;
+    }
+    let Some(job) = &observed.restore_job else {
+        return match observed.restore_source {
+            Some(_) => Progress::Running,
+            None => Progress::SourceMissing { volume: names::backups_pvc_of(&from.database) },
+        };
+    };
+    let condition = |type_: &str| {
+        job.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_ && c.status == "True").cloned()
+    };
+    if condition("Complete").is_some() {
+        return Progress::Done;
+    }
+    let Some(failed) = condition("Failed") else { return Progress::Running };
+    // The script's own words, from the failed pod's termination message.
+    let message = observed
+        .restore_pods
+        .iter()
+        .filter_map(|pod| pod.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+        .filter(|t| t.exit_code != 0)
+        .find_map(|t| t.message.clone().filter(|m| !m.trim().is_empty()))
+        .or(failed.message)
+        .unwrap_or_else(|| "the restore Job failed".into());
+    Progress::Failed { message: message.trim().to_string() }
+}
+
+fn claim_volume(name: &str, claim: String, read_only: bool) -> Volume {
+    Volume {
+        name: name.into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim,
+            read_only: read_only.then_some(true),
+        }),
+        ..Default::default()
+    }
+}
+
+fn job(db: &MyDatabase, from: &RestoreFrom) -> Result<Job> {
+    let container = Container {
+        name: "restore".into(),
+        image: Some(image(db)),
+        command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "restore-new".into()]),
+        env: Some(vec![
+            env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
+            env("PGPORT", PORT.to_string()),
+            env("APP_DB", APP_DB),
+            env("APP_USER", APP_USER),
+            secret_env(db, "APP_PASSWORD", PASSWORD_KEY),
+            secret_env(db, "REPLICATION_PASSWORD", REPLICATION_PASSWORD_KEY),
+            env("BACKUP_DIR", SOURCE_MOUNT),
+            env("RESTORE_SOURCE", names::backups_pvc_of(&from.database)),
+            env("RESTORE_BACKUP", from.backup.clone().unwrap_or_default()),
+        ]),
+        security_context: Some(security::restricted_container()),
+        volume_mounts: Some(vec![
+            mount("data", DATA_MOUNT),
+            mount("source", SOURCE_MOUNT),
+            mount("scripts", "/scripts"),
+            mount("run", "/var/run/postgresql"),
+            mount("tmp", "/tmp"),
+        ]),
+        ..Default::default()
+    };
+    Ok(Job {
+        metadata: names::owned_meta(db, names::restore_job(db), "restore")?,
+        spec: Some(JobSpec {
+            // A wrong backup name does not become right by retrying.
+            backoff_limit: Some(1),
+            active_deadline_seconds: Some(6 * 3600),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(names::labels(db, "restore")), ..Default::default() }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
+                    containers: vec![container],
+                    volumes: Some(vec![
+                        claim_volume("data", names::first_data_claim(db), false),
+                        claim_volume("source", names::backups_pvc_of(&from.database), true),
+                        scripts_volume(db),
+                        empty_dir("run"),
+                        empty_dir("tmp"),
+                    ]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mydatabase::tests::sample;
+
+    #[test]
+    fn restore_fills_the_first_instances_volume_from_the_sources_backups() {
+        let mut db = sample();
+        assert!(build(&db).expect("build").is_none(), "no restore without spec.restoreFrom");
+        db.spec.restore_from = Some(RestoreFrom { database: "old-db".into(), backup: Some("app-1.dump".into()) });
+        let restore = build(&db).expect("build").expect("a restore");
+        assert_eq!(restore.data_claim.metadata.name.as_deref(), Some("data-production-db-0"));
+        let pod = restore.job.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("pod");
+        let claims: Vec<(String, Option<bool>)> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.persistent_volume_claim.as_ref().map(|c| (c.claim_name.clone(), c.read_only)))
+            .collect();
+        assert_eq!(claims, [("data-production-db-0".into(), None), ("old-db-backups".into(), Some(true))]);
+        let env = pod.containers[0].env.as_ref().expect("env");
+        let value = |name: &str| env.iter().find(|e| e.name == name).and_then(|e| e.value.clone());
+        assert_eq!(value("RESTORE_BACKUP").as_deref(), Some("app-1.dump"));
+        assert!(
+            env.iter().any(|e| e.name == "APP_PASSWORD" && e.value_from.is_some()),
+            "its own password, from its Secret"
+        );
+    }
+}
