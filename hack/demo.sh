@@ -94,17 +94,38 @@ if [[ -f config/samples/mydatabase.yaml ]]; then
   run kubectl get mydatabases
   run kubectl get statefulsets,services,cronjobs,secrets,pvc -l app.kubernetes.io/instance=production-db
   run kubectl get pods -l keelson.dev/cluster=production-db -L keelson.dev/role -o wide
-  say "Real PostgreSQL in those pods: the primary, and a replica in recovery"
+  say "Real PostgreSQL in those pods: the primary, and replicas streaming from it"
   run kubectl exec production-db-0 -- psql -d app -tAc "select pg_is_in_recovery(), version()"
   run kubectl exec production-db-0 -- psql -d app -c "select application_name, client_addr, state from pg_stat_replication"
-  run kubectl exec production-db-1 -- psql -d app -tAc "select pg_is_in_recovery()"
-  say "A backup now, from the CronJob's own template (as 02:00 would run it)"
+  say "A row written through the -rw Service with the connection Secret's URI, read on a replica"
+  # shellcheck disable=SC2016
+  run kubectl exec production-db-2 -- bash -c 'psql "postgresql://app:$APP_PASSWORD@production-db-rw:5432/app" -c "create table if not exists orders (id int primary key, item text)" -c "insert into orders values (1, '"'"'written through -rw'"'"') on conflict do nothing"'
+  until [[ "$(kubectl exec production-db-2 -- psql -d app -tAc "select count(*) from orders" 2>/dev/null)" == 1 ]]; do sleep 0.2; done
+  run kubectl exec production-db-2 -- psql -d app -c "select pg_is_in_recovery() as replica, * from orders"
+  say "A backup now, from the CronJob's own template (as 02:00 would run it), taken from a replica"
   kubectl delete job production-db-backup-now --ignore-not-found >/dev/null
+  old_backup="$(kubectl get mydatabase production-db -o jsonpath='{.status.lastBackupName}')"
   run kubectl create job --from=cronjob/production-db-backup production-db-backup-now
-  kubectl wait --for=jsonpath='{.status.lastBackupTime}' mydatabase/production-db --timeout=120s >/dev/null 2>&1 \
-    || until [[ -n "$(kubectl get mydatabase production-db -o jsonpath='{.status.lastBackupTime}')" ]]; do sleep 0.5; done
+  for _ in $(seq 1 600); do
+    new_backup="$(kubectl get mydatabase production-db -o jsonpath='{.status.lastBackupName}')"
+    [[ -n "$new_backup" && "$new_backup" != "$old_backup" ]] && break
+    sleep 0.2
+  done
+  run kubectl logs job/production-db-backup-now
   run kubectl get mydatabases
+  run kubectl get mydatabase production-db -o jsonpath='{.status.lastBackupName} {.status.lastBackupSizeBytes} bytes{"\n"}'
   run kubectl get mydatabase production-db -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}){"\n"}{end}'
+  say "Restore: a new MyDatabase from that backup (spec.restoreFrom), with its own credentials"
+  kubectl delete mydatabase production-db-copy --ignore-not-found --wait >/dev/null
+  kubectl delete pvc data-production-db-copy-0 data-production-db-copy-1 --ignore-not-found >/dev/null
+  run cat config/samples/mydatabase-restore.yaml
+  run kubectl apply -f config/samples/mydatabase-restore.yaml
+  for _ in $(seq 1 900); do
+    [[ "$(kubectl get mydatabase production-db-copy -o jsonpath='{.status.phase}')" == Running ]] && break
+    sleep 0.2
+  done
+  run kubectl get mydatabases
+  run kubectl exec production-db-copy-0 -- psql -d app -c "select * from orders"
 fi
 
 say "Done. The cluster and the operator are still running:"
