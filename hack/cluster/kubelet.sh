@@ -47,6 +47,8 @@ podCIDR: $POD_CIDR
 maxPods: 110
 podLogsDir: $DIR/pod-logs
 serializeImagePulls: false
+# Secrets and ConfigMaps mounted as files follow their object within seconds (password rotation).
+syncFrequency: 10s
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}

@@ -243,6 +243,31 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
     // The replica is read-only.
     assert!(replica.psql("app", APP_PASSWORD, "app", "INSERT INTO orders VALUES (9002, 'x', 1)").is_err());
 
+    // Rotation: new passwords in the credentials folder reach the roles (primary) and the
+    // streaming connection (replica), with no restart.
+    let credentials = scratch.path.join("credentials");
+    std::fs::create_dir_all(&credentials)?;
+    std::fs::write(credentials.join("password"), "rotated-app")?;
+    std::fs::write(credentials.join("replication-password"), "rotated-repl")?;
+    postgres::chown_postgres(&credentials)?;
+    let apply = |server: &Server| -> anyhow::Result<()> {
+        let env = [
+            ("PGBIN", postgres::bindir().to_string_lossy().into_owned()),
+            ("PGHOST", server.socket_dir().to_string_lossy().into_owned()),
+            ("PGPORT", server.port.to_string()),
+            ("CREDENTIALS_DIR", credentials.to_string_lossy().into_owned()),
+            ("PRIMARY_HOST", "127.0.0.1".to_string()),
+            ("PRIMARY_PORT", primary.port.to_string()),
+        ];
+        check(run(&script, &["apply-credentials"], &env)?, "apply-credentials")
+    };
+    apply(&primary)?;
+    assert_eq!(primary.psql("app", "rotated-app", "app", "SELECT 1")?, "1", "the new password does not log in");
+    assert!(primary.psql("app", APP_PASSWORD, "app", "SELECT 1").is_err(), "the old password still logs in");
+    apply(&replica)?;
+    let conninfo = replica.psql_superuser("postgres", "SELECT current_setting('primary_conninfo')")?;
+    assert!(conninfo.contains("password=rotated-repl"), "the replica streams with the old password: {conninfo}");
+
     // Readiness: both are ready while the replica streams; the replica is not once its primary is gone.
     let ready = |server: &Server| -> anyhow::Result<bool> {
         let env = [

@@ -156,3 +156,73 @@ async fn restoring_from_a_database_that_never_existed_is_named_in_ready() -> any
     assert!(message.contains("spec.restoreFrom can be set only when the MyDatabase is created"), "{message}");
     Ok(())
 }
+
+#[tokio::test]
+async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-rotation-scale").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let db: MyDatabase = serde_json::from_value(json!({
+        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": "small-db"},
+        "spec": {"replicas": 2, "version": "15.2", "storage": "1Gi"}
+    }))?;
+    let dbs = ns.api::<MyDatabase>();
+    dbs.create(&PostParams::default(), &db).await?;
+    let running = |replicas: i32| {
+        move |db: &MyDatabase| {
+            db.status.as_ref().is_some_and(|s| {
+                s.phase == Some(DatabasePhase::Running)
+                    && s.ready_replicas == replicas
+                    && s.observed_generation == db.metadata.generation
+            })
+        }
+    };
+    testkit::wait_for(&dbs, "small-db", "Running 2/2", DEFAULT_TIMEOUT, running(2)).await?;
+    let pods = ns.api::<k8s_openapi::api::core::v1::Pod>();
+    let uid_before = pods.get("small-db-0").await?.metadata.uid;
+
+    // Rotation: a new password in the Secret logs in through -rw; the old one no longer does.
+    let patch = json!({"stringData": {"password": "rotated-by-the-test"}});
+    ns.api::<Secret>()
+        .patch("small-db-credentials", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch))
+        .await?;
+    let login = |password: &'static str| {
+        let ns = &ns;
+        async move {
+            let command = format!("PGPASSWORD={password} psql -h small-db-rw -U app -d app -At -c 'SELECT 1'");
+            kubectl(&["-n", &ns.name, "exec", "small-db-1", "-c", "postgres", "--", "bash", "-c", &command])
+                .is_ok_and(|out| out.trim() == "1")
+        }
+    };
+    eventually(DEFAULT_TIMEOUT, "the rotated password to log in", || login("rotated-by-the-test")).await?;
+    assert!(!login("no-such-password").await, "any password logs in");
+    eventually(DEFAULT_TIMEOUT, "the Secret's uri to carry the new password", || async {
+        secret_value(&ns, "small-db-credentials", "uri").await.is_ok_and(|uri| uri.contains(":rotated-by-the-test@"))
+    })
+    .await?;
+    assert_eq!(pods.get("small-db-0").await?.metadata.uid, uid_before, "rotation restarted the primary");
+
+    // Scale down, write, scale up: the returning replica (its old volume) catches up.
+    dbs.patch(
+        "small-db",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"replicas": 1}})),
+    )
+    .await?;
+    testkit::wait_for(&dbs, "small-db", "Running 1/1", DEFAULT_TIMEOUT, running(1)).await?;
+    testkit::wait_for_deletion(&pods, "small-db-1", "the replica to stop", DEFAULT_TIMEOUT).await?;
+    sql_in(&ns, "small-db-0", "CREATE TABLE t (v text); INSERT INTO t VALUES ('written while scaled down')")?;
+    dbs.patch(
+        "small-db",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"replicas": 2}})),
+    )
+    .await?;
+    testkit::wait_for(&dbs, "small-db", "Running 2/2 again", DEFAULT_TIMEOUT, running(2)).await?;
+    eventually(DEFAULT_TIMEOUT, "the row on the returning replica", || async {
+        sql_in(&ns, "small-db-1", "SELECT v FROM t").is_ok_and(|v| v == "written while scaled down")
+    })
+    .await?;
+    assert_eq!(sql_in(&ns, "small-db-1", "SELECT pg_is_in_recovery()")?, "t");
+    Ok(())
+}

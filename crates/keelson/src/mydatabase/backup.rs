@@ -64,6 +64,8 @@ fn backup_pod(db: &MyDatabase, retention: &str) -> PodTemplateSpec {
                     env("BACKUP_DIR", "/backups"),
                     env("RETENTION", retention),
                 ]),
+                // A failing container's last log lines become its termination message (shown in status).
+                termination_message_policy: Some("FallbackToLogsOnError".into()),
                 security_context: Some(security::restricted_container()),
                 volume_mounts: Some(vec![
                     mount("backups", "/backups"),

@@ -109,6 +109,8 @@ fn job(db: &MyDatabase, from: &RestoreFrom) -> Result<Job> {
             env("RESTORE_SOURCE", names::backups_pvc_of(&from.database)),
             env("RESTORE_BACKUP", from.backup.clone().unwrap_or_default()),
         ]),
+        // A failing container's last log lines become its termination message (shown in status).
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         security_context: Some(security::restricted_container()),
         volume_mounts: Some(vec![
             mount("data", DATA_MOUNT),

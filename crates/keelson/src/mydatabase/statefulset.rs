@@ -6,9 +6,9 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
-    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec,
-    PodTemplateSpec, Probe, SecretKeySelector, Volume, VolumeMount, VolumeResourceRequirements,
-    WeightedPodAffinityTerm,
+    KeyToPath, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity,
+    PodSpec, PodTemplateSpec, Probe, SecretKeySelector, SecretVolumeSource, Volume, VolumeMount,
+    VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -52,6 +52,29 @@ pub fn scripts_volume(db: &MyDatabase) -> Volume {
         config_map: Some(ConfigMapVolumeSource {
             name: names::scripts(db),
             default_mode: Some(0o555),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Where instances see the credentials Secret as files: unlike environment
+/// variables, they follow the Secret, so a changed password reaches the roles
+/// without a restart (the script's `watch_credentials`).
+pub const CREDENTIALS_MOUNT: &str = "/etc/keelson/credentials";
+
+fn credentials_volume(db: &MyDatabase) -> Volume {
+    Volume {
+        name: "credentials".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(names::credentials(db)),
+            items: Some(
+                [PASSWORD_KEY, REPLICATION_PASSWORD_KEY]
+                    .iter()
+                    .map(|key| KeyToPath { key: (*key).into(), path: (*key).into(), mode: None })
+                    .collect(),
+            ),
+            default_mode: Some(0o440),
             ..Default::default()
         }),
         ..Default::default()
@@ -137,6 +160,7 @@ pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
             secret_env(db, "REPLICATION_PASSWORD", REPLICATION_PASSWORD_KEY),
             env("PRIMARY_HOST", names::primary_host(db)),
             env("PRIMARY_PORT", PORT.to_string()),
+            env("CREDENTIALS_DIR", CREDENTIALS_MOUNT),
         ]),
         ports: Some(vec![ContainerPort {
             name: Some("postgresql".into()),
@@ -146,12 +170,15 @@ pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
         }]),
         readiness_probe: Some(ready_probe()),
         liveness_probe: Some(Probe { initial_delay_seconds: Some(30), failure_threshold: Some(6), ..pg_isready() }),
+        // A failing container's last log lines become its termination message (shown in status).
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         security_context: Some(security::restricted_container()),
         volume_mounts: Some(vec![
             mount("data", DATA_MOUNT),
             mount("scripts", "/scripts"),
             mount("run", "/var/run/postgresql"),
             mount("tmp", "/tmp"),
+            VolumeMount { read_only: Some(true), ..mount("credentials", CREDENTIALS_MOUNT) },
         ]),
         ..Default::default()
     };
@@ -195,7 +222,7 @@ pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
                     affinity: Some(Affinity { pod_anti_affinity: Some(anti_affinity), ..Default::default() }),
                     termination_grace_period_seconds: Some(30),
                     containers: vec![container],
-                    volumes: Some(vec![scripts_volume(db), empty_dir("run"), empty_dir("tmp")]),
+                    volumes: Some(vec![scripts_volume(db), credentials_volume(db), empty_dir("run"), empty_dir("tmp")]),
                     ..Default::default()
                 }),
             },

@@ -48,12 +48,22 @@ pub fn start_failure(pods: &[Pod]) -> Option<StartFailure> {
         containers.into_iter().find_map(|container| {
             let waiting = container.state.as_ref()?.waiting.as_ref()?;
             let reason = waiting.reason.clone().filter(|r| STUCK.contains(&r.as_str()))?;
+            // A crash loop's own message is only "back-off"; the last exit says why.
+            let last_exit = container.last_state.as_ref().and_then(|s| s.terminated.as_ref()).map(|t| {
+                let why = t.message.clone().filter(|m| !m.trim().is_empty()).or_else(|| t.reason.clone());
+                format!(
+                    "; last exit code {}{}",
+                    t.exit_code,
+                    why.map(|w| format!(": {}", w.trim())).unwrap_or_default()
+                )
+            });
             Some(StartFailure {
                 message: format!(
-                    "pod {} container {}: {}",
+                    "pod {} container {}: {}{}",
                     pod.name_any(),
                     container.name,
-                    waiting.message.clone().unwrap_or_else(|| reason.clone())
+                    waiting.message.clone().unwrap_or_else(|| reason.clone()),
+                    last_exit.unwrap_or_default()
                 ),
                 reason,
             })
@@ -106,5 +116,25 @@ pub(crate) mod tests {
             ..Default::default()
         });
         assert_eq!(start_failure(&[pending]).map(|f| f.reason), Some("Unschedulable".into()));
+    }
+
+    #[test]
+    fn a_crash_loop_says_how_the_container_last_ended() {
+        let mut pod = waiting("db-0", "CrashLoopBackOff");
+        let status = pod.status.as_mut().and_then(|s| s.container_statuses.as_mut()).expect("statuses");
+        status[0].last_state = Some(ContainerState {
+            terminated: Some(k8s_openapi::api::core::v1::ContainerStateTerminated {
+                exit_code: 1,
+                message: Some("data directory has invalid permissions\n".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let failure = start_failure(&[pod]).expect("a failure");
+        assert!(
+            failure.message.ends_with("; last exit code 1: data directory has invalid permissions"),
+            "{}",
+            failure.message
+        );
     }
 }

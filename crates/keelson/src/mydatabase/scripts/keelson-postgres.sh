@@ -7,6 +7,8 @@
 #                                      as a streaming replica of it, then run postgres
 #   keelson-postgres.sh init-primary   initdb + app database, user and replication role
 #   keelson-postgres.sh init-replica   pg_basebackup from $PRIMARY_HOST, standby config
+#   keelson-postgres.sh apply-credentials   set the roles' passwords (primary) or the
+#                                      streaming password (replica) from $CREDENTIALS_DIR
 #   keelson-postgres.sh ready          readiness: the primary accepts connections; a
 #                                      replica also streams from the primary
 #   keelson-postgres.sh backup         pg_dump of $APP_DB into $BACKUP_DIR (from a replica
@@ -147,7 +149,42 @@ start() {
   if [[ "$ordinal" == "0" ]]; then init_primary; else init_replica; fi
   # As the official image does: a volume's group permissions must not stop the server.
   chmod 700 "$PGDATA"
+  watch_credentials &
   exec "$(bin postgres)" -D "$PGDATA" -p "$PGPORT"
+}
+
+# Password rotation without restarts: the credentials Secret is mounted as
+# files ($CREDENTIALS_DIR), which follow it; when they change, the primary
+# sets the roles' passwords and a replica the password it streams with.
+watch_credentials() {
+  local dir="${CREDENTIALS_DIR:-}" applied="" current
+  [[ -n "$dir" && -d "$dir" ]] || return 0
+  while sleep "${CREDENTIALS_POLL:-3}"; do
+    current="$(cat "$dir/password" "$dir/replication-password" 2>/dev/null | sha256sum)" || continue
+    [[ "$current" == "$applied" ]] && continue
+    apply_credentials "$dir" && applied="$current"
+  done
+}
+
+apply_credentials() {
+  local dir="$1" socket="${PGHOST:-/var/run/postgresql}" in_recovery
+  local sql=("$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
+  in_recovery="$("${sql[@]}" -c 'SELECT pg_is_in_recovery()' 2>/dev/null)" || return 1
+  if [[ "$in_recovery" == f ]]; then
+    "${sql[@]}" -v app_user="$APP_USER" -v app_password="$(cat "$dir/password")" \
+      -v repl_user="$REPLICATION_USER" -v repl_password="$(cat "$dir/replication-password")" <<'SQL' || return 1
+ALTER ROLE :"app_user" PASSWORD :'app_password';
+ALTER ROLE :"repl_user" PASSWORD :'repl_password';
+SQL
+  else
+    local conninfo="host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica}"
+    conninfo+=" password=$(cat "$dir/replication-password")"
+    "${sql[@]}" -v conninfo="$conninfo" <<'SQL' || return 1
+ALTER SYSTEM SET primary_conninfo = :'conninfo';
+SELECT pg_reload_conf();
+SQL
+  fi
+  if [[ "$in_recovery" == f ]]; then log "credentials applied to the roles"; else log "credentials applied to streaming"; fi
 }
 
 # Ready means what clients expect of the Services: the primary accepts
@@ -232,9 +269,10 @@ case "${1:-}" in
   init-primary) init_primary ;;
   init-replica) init_replica ;;
   ready) ready ;;
+  apply-credentials) need CREDENTIALS_DIR; apply_credentials "$CREDENTIALS_DIR" ;;
   backup) backup ;;
   prune) prune ;;
   restore) shift; restore "$@" ;;
   restore-new) restore_new ;;
-  *) echo "usage: $0 start|init-primary|init-replica|ready|backup|prune|restore FILE|restore-new" >&2; exit 2 ;;
+  *) echo "usage: $0 start|init-primary|init-replica|ready|apply-credentials|backup|prune|restore FILE|restore-new" >&2; exit 2 ;;
 esac
