@@ -9,7 +9,7 @@ cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {
     bind $NODE_IP
     errors
     kubernetes cluster.local in-addr.arpa ip6.arpa {
-        kubeconfig $DIR/kubeconfig keelson-dev
+        kubeconfig $DIR/components.kubeconfig keelson-dev
         pods insecure
     }
     ready 127.0.0.1:$DNS_READY_PORT

@@ -3,7 +3,7 @@
 # volume binder and expander that hack/cluster/storage.sh's provisioner serves).
 
 start_kube_controller_manager() {
-  start kube-controller-manager --kubeconfig "$DIR/kubeconfig" \
+  start kube-controller-manager --kubeconfig "$DIR/components.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
     --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" \
     --controllers '*' \

@@ -8,7 +8,7 @@ start_kube_proxy() {
   cat > "$DIR/kube-proxy/config.yaml" <<CFG
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-clientConnection: {kubeconfig: "$DIR/kubeconfig"}
+clientConnection: {kubeconfig: "$DIR/components.kubeconfig"}
 hostnameOverride: $NODE_NAME
 mode: iptables
 clusterCIDR: $POD_CIDR

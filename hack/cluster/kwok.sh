@@ -4,7 +4,7 @@
 # that ask for fake nodes (see fake_nodes_namespace in hack/cluster.sh) go there.
 
 start_kwok() {
-  start kwok --kubeconfig "$DIR/kubeconfig" --manage-all-nodes=false \
+  start kwok --kubeconfig "$DIR/components.kubeconfig" --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
     --cidr 10.244.0.0/16 --node-ip 10.255.0.1 --server-address "127.0.0.1:$KWOK_PORT" \
     --config "$BIN/kwok-stages.yaml"

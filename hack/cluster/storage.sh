@@ -7,7 +7,7 @@
 start_storage() {
   (cd "$ROOT" && cargo build --quiet -p testkit --bin keelson-local-volumes) || die "cannot build keelson-local-volumes"
   cp "$ROOT/target/debug/keelson-local-volumes" "$DIR/keelson-local-volumes" # a rebuild must not pull it away
-  KUBECONFIG="$DIR/kubeconfig" start_program local-volumes "$DIR/keelson-local-volumes" --root "$DIR/volumes"
+  KUBECONFIG="$DIR/components.kubeconfig" start_program local-volumes "$DIR/keelson-local-volumes" --root "$DIR/volumes"
   kubectl_admin apply --server-side -f - >/dev/null <<SC
 apiVersion: storage.k8s.io/v1
 kind: StorageClass

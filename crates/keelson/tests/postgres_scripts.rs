@@ -96,6 +96,8 @@ fn backup_restores_to_identical_data_and_a_failed_backup_exits_non_zero() -> any
         ("BACKUP_DIR", backups.to_string_lossy().into_owned()),
         ("RETENTION", "7d".to_string()),
     ]);
+    // A table the app role did not create is backed up too.
+    server.psql_superuser("app", "CREATE TABLE audit (entry text); INSERT INTO audit VALUES ('by the superuser')")?;
     let report = scratch.path.join("termination-log");
     postgres::chown_postgres(&scratch.path)?;
     let mut reporting = env.clone();

@@ -52,9 +52,11 @@ async fn tutorial_database_streams_to_two_replicas_and_serves_its_connection_sec
     for replica in ["production-db-1", "production-db-2"] {
         assert_eq!(sql_in(&ns, replica, "SELECT pg_is_in_recovery()")?, "t", "{replica} is a replica");
     }
-    let streaming =
-        sql_in(&ns, "production-db-0", "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")?;
-    assert_eq!(streaming, "2", "both replicas stream from the primary");
+    eventually(DEFAULT_TIMEOUT, "both replicas streaming from the primary", || async {
+        sql_in(&ns, "production-db-0", "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
+            .is_ok_and(|n| n == "2")
+    })
+    .await?;
 
     // Through the Secret's URI (the -rw Service, cluster DNS, the app role's password).
     let write = "psql \"$URI\" -v ON_ERROR_STOP=1 -At -c 'CREATE TABLE orders (id int PRIMARY KEY, item text)' \
@@ -168,15 +170,6 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
     }))?;
     let dbs = ns.api::<MyDatabase>();
     dbs.create(&PostParams::default(), &db).await?;
-    let running = |replicas: i32| {
-        move |db: &MyDatabase| {
-            db.status.as_ref().is_some_and(|s| {
-                s.phase == Some(DatabasePhase::Running)
-                    && s.ready_replicas == replicas
-                    && s.observed_generation == db.metadata.generation
-            })
-        }
-    };
     testkit::wait_for(&dbs, "small-db", "Running 2/2", DEFAULT_TIMEOUT, running(2)).await?;
     let pods = ns.api::<k8s_openapi::api::core::v1::Pod>();
     let uid_before = pods.get("small-db-0").await?.metadata.uid;
@@ -224,5 +217,110 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
     })
     .await?;
     assert_eq!(sql_in(&ns, "small-db-1", "SELECT pg_is_in_recovery()")?, "t");
+    Ok(())
+}
+
+fn database(name: &str, spec: serde_json::Value) -> anyhow::Result<MyDatabase> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": name}, "spec": spec
+    }))?)
+}
+
+fn running(replicas: i32) -> impl Fn(&MyDatabase) -> bool {
+    move |db| {
+        db.status.as_ref().is_some_and(|s| {
+            s.phase == Some(DatabasePhase::Running)
+                && s.ready_replicas == replicas
+                && s.observed_generation == db.metadata.generation
+        })
+    }
+}
+
+#[tokio::test]
+async fn storage_grows_in_place_with_the_instances_and_their_data() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-storage").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let dbs = ns.api::<MyDatabase>();
+    dbs.create(
+        &PostParams::default(),
+        &database("grow-db", json!({"replicas": 2, "version": "15.2", "storage": "1Gi"}))?,
+    )
+    .await?;
+    testkit::wait_for(&dbs, "grow-db", "Running 2/2", DEFAULT_TIMEOUT, running(2)).await?;
+    sql_in(&ns, "grow-db-0", "CREATE TABLE t (v text); INSERT INTO t VALUES ('before growing')")?;
+    let pods = ns.api::<k8s_openapi::api::core::v1::Pod>();
+    let uids = [pods.get("grow-db-0").await?.metadata.uid, pods.get("grow-db-1").await?.metadata.uid];
+
+    dbs.patch(
+        "grow-db",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"storage": "2Gi"}})),
+    )
+    .await?;
+    let claims = ns.api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>();
+    for claim in ["data-grow-db-0", "data-grow-db-1"] {
+        testkit::wait_for(&claims, claim, "the volume grown to 2Gi", DEFAULT_TIMEOUT, |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| c.get("storage"))
+                .is_some_and(|q| q.0 == "2Gi")
+        })
+        .await?;
+    }
+    let sets = ns.api::<k8s_openapi::api::apps::v1::StatefulSet>();
+    testkit::wait_for(&sets, "grow-db", "the StatefulSet recreated with the 2Gi template", DEFAULT_TIMEOUT, |s| {
+        keelson::mydatabase::statefulset::template_storage(s).as_deref() == Some("2Gi")
+    })
+    .await?;
+    testkit::wait_for(&dbs, "grow-db", "Running 2/2 after growing", DEFAULT_TIMEOUT, running(2)).await?;
+    let after = [pods.get("grow-db-0").await?.metadata.uid, pods.get("grow-db-1").await?.metadata.uid];
+    assert_eq!(after, uids, "growing the storage restarted an instance");
+    assert_eq!(sql_in(&ns, "grow-db-1", "SELECT v FROM t")?, "before growing");
+    Ok(())
+}
+
+#[tokio::test]
+async fn deletion_policies_act_on_real_data() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-deletion").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let dbs = ns.api::<MyDatabase>();
+    let backup = json!({"schedule": "0 2 * * *", "retention": "7d", "storage": "1Gi"});
+    for (name, policy) in [("snap-db", "Snapshot"), ("gone-db", "Delete")] {
+        let spec =
+            json!({"replicas": 1, "version": "15.2", "storage": "1Gi", "deletionPolicy": policy, "backup": backup});
+        dbs.create(&PostParams::default(), &database(name, spec)?).await?;
+    }
+    for name in ["snap-db", "gone-db"] {
+        testkit::wait_for(&dbs, name, "Running 1/1", DEFAULT_TIMEOUT, running(1)).await?;
+        sql_in(&ns, &format!("{name}-0"), "CREATE TABLE t (v text); INSERT INTO t VALUES ('the last row')")?;
+    }
+    let claims = ns.api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>();
+    let volumes = kube::Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(cluster.client.clone());
+    let gone_volume = claims.get("data-gone-db-0").await?.spec.and_then(|s| s.volume_name).expect("bound");
+    for name in ["snap-db", "gone-db"] {
+        dbs.delete(name, &DeleteParams::default()).await?;
+    }
+    for name in ["snap-db", "gone-db"] {
+        testkit::wait_for_deletion(&dbs, name, "the MyDatabase to go", DEFAULT_TIMEOUT).await?;
+    }
+    // Delete: the data volumes (and their folders, with the PersistentVolume), the backups and the Secret go.
+    testkit::wait_for_deletion(&volumes, &gone_volume, "gone-db's data volume to be deleted", DEFAULT_TIMEOUT).await?;
+    for claim in ["data-gone-db-0", "gone-db-backups"] {
+        testkit::wait_for_deletion(&claims, claim, "gone-db's claims to go", DEFAULT_TIMEOUT).await?;
+    }
+    assert!(ns.api::<Secret>().get_opt("gone-db-credentials").await?.is_none());
+    // Snapshot: the data volume goes, the backups volume and the Secret stay, and the final
+    // backup is real: a new database restored from it has the last row.
+    testkit::wait_for_deletion(&claims, "data-snap-db-0", "snap-db's data volume to go", DEFAULT_TIMEOUT).await?;
+    assert!(claims.get_opt("snap-db-backups").await?.is_some(), "Snapshot deleted the backups");
+    assert!(ns.api::<Secret>().get_opt("snap-db-credentials").await?.is_some(), "Snapshot deleted the Secret");
+    let restored = json!({"replicas": 1, "version": "15.2", "storage": "1Gi", "restoreFrom": {"database": "snap-db"}});
+    dbs.create(&PostParams::default(), &database("after-snap", restored)?).await?;
+    testkit::wait_for(&dbs, "after-snap", "the database restored from the final backup", DEFAULT_TIMEOUT, running(1))
+        .await?;
+    assert_eq!(sql_in(&ns, "after-snap-0", "SELECT v FROM t")?, "the last row");
     Ok(())
 }

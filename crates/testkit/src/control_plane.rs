@@ -42,6 +42,24 @@ impl ControlPlane {
         self.dir.join("audit.log")
     }
 
+    /// Every audit log file, oldest first: the rotated ones (`audit-<time>.log`), then the current.
+    pub fn audit_logs(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| {
+                path.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("audit-") && n.ends_with(".log"))
+            })
+            .collect();
+        files.sort();
+        files.push(self.audit_log());
+        files
+    }
+
     /// Stops `component` (e.g. `kube-apiserver`).
     pub fn stop(&self, component: &str) -> anyhow::Result<()> {
         self.run("stop", component)

@@ -10,11 +10,10 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::credentials::{PASSWORD_KEY, REPLICATION_PASSWORD_KEY};
-use super::names::{self, APP_DB, APP_USER, PORT};
+use super::names;
 use super::observed::Observed;
 use super::statefulset::{
-    DATA_MOUNT, POSTGRES_UID, data_claim, empty_dir, env, image, mount, scripts_volume, secret_env,
+    DATA_MOUNT, POSTGRES_UID, data_claim, empty_dir, env, image, instance_env, mount, scripts_volume,
 };
 use crate::Result;
 use crate::api::MyDatabase;
@@ -98,17 +97,16 @@ fn job(db: &MyDatabase, from: &RestoreFrom) -> Result<Job> {
         name: "restore".into(),
         image: Some(image(db)),
         command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "restore-new".into()]),
-        env: Some(vec![
-            env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
-            env("PGPORT", PORT.to_string()),
-            env("APP_DB", APP_DB),
-            env("APP_USER", APP_USER),
-            secret_env(db, "APP_PASSWORD", PASSWORD_KEY),
-            secret_env(db, "REPLICATION_PASSWORD", REPLICATION_PASSWORD_KEY),
-            env("BACKUP_DIR", SOURCE_MOUNT),
-            env("RESTORE_SOURCE", names::backups_pvc_of(&from.database)),
-            env("RESTORE_BACKUP", from.backup.clone().unwrap_or_default()),
-        ]),
+        env: Some(
+            instance_env(db)
+                .into_iter()
+                .chain([
+                    env("BACKUP_DIR", SOURCE_MOUNT),
+                    env("RESTORE_SOURCE", names::backups_pvc_of(&from.database)),
+                    env("RESTORE_BACKUP", from.backup.clone().unwrap_or_default()),
+                ])
+                .collect(),
+        ),
         // A failing container's last log lines become its termination message (shown in status).
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         security_context: Some(security::restricted_container()),

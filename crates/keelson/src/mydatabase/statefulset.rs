@@ -115,6 +115,19 @@ fn pg_isready() -> Probe {
     }
 }
 
+/// What the script needs to set up an instance's data: where, the port, the
+/// application's database and role, and the passwords (from the Secret).
+pub fn instance_env(db: &MyDatabase) -> Vec<EnvVar> {
+    vec![
+        env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
+        env("PGPORT", PORT.to_string()),
+        env("APP_DB", APP_DB),
+        env("APP_USER", APP_USER),
+        secret_env(db, "APP_PASSWORD", PASSWORD_KEY),
+        secret_env(db, "REPLICATION_PASSWORD", REPLICATION_PASSWORD_KEY),
+    ]
+}
+
 /// An instance's data volume claim: the StatefulSet's template (`data`), or a
 /// claim made ahead of it under the name the StatefulSet will adopt.
 pub fn data_claim(db: &MyDatabase, name: &str) -> PersistentVolumeClaim {
@@ -143,25 +156,24 @@ pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
         name: "postgres".into(),
         image: Some(image(db)),
         command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "start".into()]),
-        env: Some(vec![
-            EnvVar {
+        env: Some(
+            vec![EnvVar {
                 name: "POD_NAME".into(),
                 value_from: Some(EnvVarSource {
                     field_ref: Some(ObjectFieldSelector { field_path: "metadata.name".into(), ..Default::default() }),
                     ..Default::default()
                 }),
                 ..Default::default()
-            },
-            env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
-            env("PGPORT", PORT.to_string()),
-            env("APP_DB", APP_DB),
-            env("APP_USER", APP_USER),
-            secret_env(db, "APP_PASSWORD", PASSWORD_KEY),
-            secret_env(db, "REPLICATION_PASSWORD", REPLICATION_PASSWORD_KEY),
-            env("PRIMARY_HOST", names::primary_host(db)),
-            env("PRIMARY_PORT", PORT.to_string()),
-            env("CREDENTIALS_DIR", CREDENTIALS_MOUNT),
-        ]),
+            }]
+            .into_iter()
+            .chain(instance_env(db))
+            .chain([
+                env("PRIMARY_HOST", names::primary_host(db)),
+                env("PRIMARY_PORT", PORT.to_string()),
+                env("CREDENTIALS_DIR", CREDENTIALS_MOUNT),
+            ])
+            .collect(),
+        ),
         ports: Some(vec![ContainerPort {
             name: Some("postgresql".into()),
             container_port: PORT,

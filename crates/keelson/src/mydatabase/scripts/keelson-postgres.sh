@@ -78,6 +78,9 @@ HBA
 CREATE ROLE :"app_user" LOGIN PASSWORD :'app_password';
 CREATE DATABASE :"app_db" OWNER :"app_user";
 CREATE ROLE :"repl_user" REPLICATION LOGIN PASSWORD :'repl_password';
+-- Backups run as the app role: it reads every table, whoever created it (PostgreSQL 14+).
+SELECT format('GRANT pg_read_all_data TO %I', :'app_user')
+  WHERE current_setting('server_version_num')::int >= 140000 \gexec
 SQL
   stop_private
   log "primary initialised"
@@ -177,8 +180,13 @@ ALTER ROLE :"app_user" PASSWORD :'app_password';
 ALTER ROLE :"repl_user" PASSWORD :'repl_password';
 SQL
   else
-    local conninfo="host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica}"
-    conninfo+=" password=$(cat "$dir/replication-password")"
+    local password conninfo
+    password="$(cat "$dir/replication-password")"
+    # Unchanged (as pg_basebackup -R wrote it): reconnecting would only interrupt streaming.
+    conninfo="$("${sql[@]}" -c "SELECT current_setting('primary_conninfo')")" || return 1
+    [[ " $conninfo " == *" password=$password "* || " $conninfo " == *" password='$password' "* ]] && return 0
+    conninfo="host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica}"
+    conninfo+=" password=$password"
     "${sql[@]}" -v conninfo="$conninfo" <<'SQL' || return 1
 ALTER SYSTEM SET primary_conninfo = :'conninfo';
 SELECT pg_reload_conf();
