@@ -127,7 +127,8 @@ up() {
   source "$DIR/ports"
   make_pki
   write_kubeconfig
-  [[ "$(profile)" == kwok ]] && KWOK_TAINTS="" || KWOK_TAINTS="{key: kwok.x-k8s.io/node, value: fake, effect: NoSchedule}"
+  KWOK_TAINTS="" # beside a real node, KWOK's nodes take only the pods that ask for them
+  [[ "$(profile)" == kwok ]] || KWOK_TAINTS="{key: kwok.x-k8s.io/node, value: fake, effect: NoSchedule}"
   for c in $(components); do start_component "$c"; done
   all_alive || die "a component stopped after it started; see the logs in $DIR"
   log "cluster up in $((SECONDS - started))s"

@@ -58,7 +58,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   path = "$DIR/containerd/opt"
 TOML
   # Pulls that escape the mirror configuration go to a closed proxy.
-  HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY= \
+  HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY='' \
     start_program containerd /usr/bin/containerd --config "$DIR/containerd/config.toml"
 }
 
