@@ -274,7 +274,10 @@ async fn storage_grows_in_place_with_the_instances_and_their_data() -> anyhow::R
         keelson::mydatabase::statefulset::template_storage(s).as_deref() == Some("2Gi")
     })
     .await?;
-    testkit::wait_for(&dbs, "grow-db", "Running 2/2 after growing", DEFAULT_TIMEOUT, running(2)).await?;
+    testkit::wait_for(&dbs, "grow-db", "Running 2/2, done growing", DEFAULT_TIMEOUT, |db| {
+        running(2)(db) && db.status.as_ref().is_some_and(|s| s.conditions.iter().all(|c| c.type_ != "StorageGrowing"))
+    })
+    .await?;
     let after = [pods.get("grow-db-0").await?.metadata.uid, pods.get("grow-db-1").await?.metadata.uid];
     assert_eq!(after, uids, "growing the storage restarted an instance");
     assert_eq!(sql_in(&ns, "grow-db-1", "SELECT v FROM t")?, "before growing");

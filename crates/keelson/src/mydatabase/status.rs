@@ -9,6 +9,7 @@ use kube::ResourceExt;
 use super::names;
 use super::observed::Observed;
 use super::restore::Progress;
+use super::statefulset::StorageChange;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::mydatabase::{DatabasePhase, MyDatabase, MyDatabaseStatus};
 use crate::runtime::{Outcome, pods};
@@ -175,6 +176,22 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
         Some(invalid) => DesiredCondition::new("SpecValid", false, invalid.reason, invalid.message.clone()),
         None => DesiredCondition::new("SpecValid", true, "Valid", ""),
     });
+    // Growing storage takes steps (the volumes, then a new StatefulSet): say so while it lasts.
+    match super::statefulset::storage_change(db, statefulset) {
+        StorageChange::Grow { from } => conditions.push(DesiredCondition::new(
+            "StorageGrowing",
+            true,
+            "ExpandingVolumes",
+            format!("data volumes growing from {from} to {}", db.spec.storage),
+        )),
+        StorageChange::Recreating => conditions.push(DesiredCondition::new(
+            "StorageGrowing",
+            true,
+            "RecreatingStatefulSet",
+            format!("the StatefulSet is recreated with {} volumes; its pods keep running", db.spec.storage),
+        )),
+        StorageChange::None => {}
+    }
     conditions.push(match (&db.spec.backup, observed.backup_cron_job.is_some()) {
         (Some(backup), true) => DesiredCondition::new(
             "BackupScheduled",
@@ -425,5 +442,20 @@ mod tests {
         db.status = Some(status);
         let later = compute(&db, &Observed { backup_jobs: vec![], ..observed(Some(&s)) }, &none(), &at(0));
         assert_eq!(later.last_backup_name.as_deref(), Some("app-2.dump"));
+    }
+
+    #[test]
+    fn growing_storage_is_said_in_a_condition_until_the_new_template_is_in_place() {
+        let mut grown = super::super::statefulset::build(&sample()).expect("builds");
+        grown.status = sts(3, 3).status;
+        grown.metadata.generation = Some(1);
+        let mut db = sample();
+        db.spec.storage = "200Gi".into();
+        let growing = compute(&db, &observed(Some(&grown)), &none(), &at(0));
+        let condition = growing.conditions.iter().find(|c| c.type_ == "StorageGrowing").expect("StorageGrowing");
+        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "ExpandingVolumes"));
+        assert_eq!(condition.message, "data volumes growing from 100Gi to 200Gi");
+        let done = compute(&sample(), &observed(Some(&grown)), &none(), &at(0));
+        assert!(done.conditions.iter().all(|c| c.type_ != "StorageGrowing"), "the condition outlived the growth");
     }
 }
