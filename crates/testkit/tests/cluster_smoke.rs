@@ -7,7 +7,7 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use kube::Resource;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use serde_json::json;
-use testkit::{DEFAULT_TIMEOUT, cluster_or_skip, wait_for, wait_for_deletion};
+use testkit::{DEFAULT_TIMEOUT, cluster_or_skip, eventually, wait_for, wait_for_deletion};
 
 fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> anyhow::Result<T> {
     Ok(serde_json::from_value(value)?)
@@ -144,7 +144,11 @@ async fn rbac_is_enforced_for_service_accounts() -> anyhow::Result<()> {
 
     let reader = cluster.client_as_service_account(&ns.name, "reader")?;
     let configmaps: Api<ConfigMap> = Api::namespaced(reader.clone(), &ns.name);
-    configmaps.list(&ListParams::default()).await?;
+    // The authorizer learns of a new RoleBinding from its watch: wait until the grant applies.
+    eventually(DEFAULT_TIMEOUT, "the new RoleBinding to take effect", || async {
+        configmaps.list(&ListParams::default()).await.is_ok()
+    })
+    .await?;
     let secrets: Api<Secret> = Api::namespaced(reader.clone(), &ns.name);
     match secrets.list(&ListParams::default()).await {
         Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{status:?}"),
