@@ -30,13 +30,10 @@ pub fn final_backup_state(db: &MyDatabase, observed: &Observed) -> FinalBackup {
     let Some(job) = observed.backup_jobs.iter().find(|j| j.name_any() == name) else {
         return FinalBackup::NotStarted;
     };
-    let outcome = status::observe_backups(std::slice::from_ref(job));
-    if outcome.last_success.is_some() {
-        FinalBackup::Succeeded
-    } else if outcome.newest_failed.is_some() {
-        FinalBackup::Failed
-    } else {
-        FinalBackup::Running
+    match status::job_finished(job) {
+        None => FinalBackup::Running,
+        Some((_, true)) => FinalBackup::Succeeded,
+        Some((_, false)) => FinalBackup::Failed,
     }
 }
 

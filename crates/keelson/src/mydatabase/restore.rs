@@ -10,15 +10,15 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::names;
 use super::observed::Observed;
 use super::statefulset::{
     DATA_MOUNT, POSTGRES_UID, data_claim, empty_dir, env, image, instance_env, mount, scripts_volume,
 };
+use super::{names, status};
 use crate::Result;
 use crate::api::MyDatabase;
 use crate::api::mydatabase::RestoreFrom;
-use crate::runtime::security;
+use crate::runtime::{pods, security};
 
 /// Where the source's backups volume is mounted, read-only.
 const SOURCE_MOUNT: &str = "/restore-source";
@@ -60,25 +60,19 @@ pub fn progress(db: &MyDatabase, observed: &Observed) -> Progress {
             None => Progress::SourceMissing { volume: names::backups_pvc_of(&from.database) },
         };
     };
-    let condition = |type_: &str| {
-        job.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_ && c.status == "True").cloned()
-    };
-    if condition("Complete").is_some() {
-        return Progress::Done;
+    match status::job_finished(job) {
+        None => Progress::Running,
+        Some((_, true)) => Progress::Done,
+        Some((_, false)) => {
+            // The script's own words, from the failed pod's termination message, else the Job's.
+            let message = pods::terminations(&observed.restore_pods)
+                .filter(|t| t.exit_code != 0)
+                .find_map(|t| t.message.as_deref().map(str::trim).filter(|m| !m.is_empty()))
+                .or_else(|| status::job_condition(job, "Failed")?.message.as_deref())
+                .unwrap_or("the restore Job failed");
+            Progress::Failed { message: message.to_string() }
+        }
     }
-    let Some(failed) = condition("Failed") else { return Progress::Running };
-    // The script's own words, from the failed pod's termination message.
-    let message = observed
-        .restore_pods
-        .iter()
-        .filter_map(|pod| pod.status.as_ref()?.container_statuses.as_ref())
-        .flatten()
-        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
-        .filter(|t| t.exit_code != 0)
-        .find_map(|t| t.message.clone().filter(|m| !m.trim().is_empty()))
-        .or(failed.message)
-        .unwrap_or_else(|| "the restore Job failed".into());
-    Progress::Failed { message: message.trim().to_string() }
 }
 
 fn claim_volume(name: &str, claim: String, read_only: bool) -> Volume {
@@ -174,5 +168,34 @@ mod tests {
             env.iter().any(|e| e.name == "APP_PASSWORD" && e.value_from.is_some()),
             "its own password, from its Secret"
         );
+    }
+
+    fn failed_restore(pod_message: Option<&str>) -> Observed {
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "production-db-restore"},
+            "status": {"conditions": [{"type": "Failed", "status": "True", "lastTransitionTime": "2026-12-03T08:00:00Z",
+                "message": "Job has reached the specified backoff limit"}]}
+        }))
+        .expect("job");
+        let pods = pod_message.map(|message| {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "production-db-restore-x"},
+                "status": {"containerStatuses": [{"name": "restore", "image": "postgres:15.2", "imageID": "", "ready": false,
+                    "restartCount": 0, "state": {"terminated": {"exitCode": 1, "message": message}}}]}
+            }))
+            .expect("pod")
+        });
+        Observed { restore_job: Some(job), restore_pods: pods.into_iter().collect(), ..Default::default() }
+    }
+
+    #[test]
+    fn a_failed_restore_says_why_in_the_scripts_words_else_the_jobs() {
+        let mut db = sample();
+        db.spec.restore_from = Some(RestoreFrom { database: "old-db".into(), backup: None });
+        let said = progress(&db, &failed_restore(Some("spec.restoreFrom.backup x.dump: no such backup\n")));
+        assert_eq!(said, Progress::Failed { message: "spec.restoreFrom.backup x.dump: no such backup".into() });
+        let fallback = progress(&db, &failed_restore(None));
+        assert_eq!(fallback, Progress::Failed { message: "Job has reached the specified backoff limit".into() });
+        assert_eq!(progress(&db, &Observed::default()), Progress::SourceMissing { volume: "old-db-backups".into() });
     }
 }

@@ -1,7 +1,7 @@
 //! MyDatabase status, computed from what the cluster reports: the
 //! StatefulSet's readiness and the backup Jobs' outcomes.
 
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -34,40 +34,34 @@ pub struct BackupReport {
 
 /// The report of the succeeded pod of Job `job`, if it left one.
 pub fn backup_report(pods: &[Pod], job: &str) -> Option<BackupReport> {
-    pods.iter()
-        .filter(|pod| pod.labels().get("batch.kubernetes.io/job-name").map(String::as_str) == Some(job))
-        .filter_map(|pod| {
-            let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
-            statuses.iter().find_map(|c| {
-                let terminated = c.state.as_ref()?.terminated.as_ref()?;
-                (terminated.exit_code == 0).then(|| serde_json::from_str(terminated.message.as_deref()?).ok())?
-            })
-        })
-        .next()
+    let of_job =
+        pods.iter().filter(|pod| pod.labels().get("batch.kubernetes.io/job-name").map(String::as_str) == Some(job));
+    pods::terminations(of_job)
+        .filter(|t| t.exit_code == 0)
+        .find_map(|t| serde_json::from_str(t.message.as_deref()?).ok())
+}
+
+/// The Job's condition `type_` when it holds.
+pub fn job_condition<'a>(job: &'a Job, type_: &str) -> Option<&'a JobCondition> {
+    job.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_ && c.status == "True")
 }
 
 fn job_condition_time(job: &Job, type_: &str) -> Option<Time> {
-    job.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == "True")
-        .and_then(|c| c.last_transition_time.clone())
+    job_condition(job, type_)?.last_transition_time.clone()
+}
+
+/// When a Job finished and whether it succeeded; None while it runs.
+pub fn job_finished(job: &Job) -> Option<(Time, bool)> {
+    let succeeded = job_condition_time(job, "Complete")
+        .or_else(|| job_condition_time(job, "SuccessCriteriaMet"))
+        .map(|t| (job.status.as_ref().and_then(|s| s.completion_time.clone()).unwrap_or(t), true));
+    succeeded.or_else(|| job_condition_time(job, "Failed").map(|t| (t, false)))
 }
 
 /// Reads the finished backup Jobs (from the CronJob and the final Snapshot).
 pub fn observe_backups(jobs: &[Job]) -> Backups {
-    let mut finished: Vec<(Time, bool, String)> = jobs
-        .iter()
-        .filter_map(|job| {
-            let succeeded = job_condition_time(job, "Complete")
-                .or_else(|| job_condition_time(job, "SuccessCriteriaMet"))
-                .map(|t| (job.status.as_ref().and_then(|s| s.completion_time.clone()).unwrap_or(t), true));
-            let failed = job_condition_time(job, "Failed").map(|t| (t, false));
-            succeeded.or(failed).map(|(time, ok)| (time, ok, job.name_any()))
-        })
-        .collect();
+    let mut finished: Vec<(Time, bool, String)> =
+        jobs.iter().filter_map(|job| job_finished(job).map(|(time, ok)| (time, ok, job.name_any()))).collect();
     finished.sort_by_key(|(time, _, _)| time.0);
     let last_success = finished.iter().rev().find(|(_, ok, _)| *ok);
     Backups {
@@ -122,7 +116,8 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
             && status.map(|st| st.replicas).unwrap_or(0) == desired
     });
     let was_running = matches!(previous.and_then(|s| s.phase), Some(DatabasePhase::Running | DatabasePhase::Degraded));
-    let restore_failed = matches!(super::restore::progress(db, observed), Progress::Failed { .. });
+    let restore = super::restore::progress(db, observed);
+    let restore_failed = matches!(restore, Progress::Failed { .. });
     let phase = if deleting {
         DatabasePhase::Deleting
     } else if invalid.is_some() || restore_failed {
@@ -138,7 +133,6 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
     };
     let is_ready = phase == DatabasePhase::Running;
 
-    let restore = super::restore::progress(db, observed);
     let mut conditions = vec![match (invalid, &failure) {
         (Some(invalid), _) => DesiredCondition::new("Ready", false, invalid.reason, invalid.message.clone()),
         (None, Some(failure)) => DesiredCondition::new("Ready", false, "ReconcileFailed", failure.clone()),

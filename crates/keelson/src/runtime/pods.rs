@@ -1,7 +1,7 @@
 //! Why pods do not start, in the kubelet's and scheduler's own words: the
 //! reason a custom resource's conditions name instead of a bare "not ready".
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use kube::ResourceExt;
 
 /// Container waiting reasons that mean the pod will not start by itself.
@@ -18,6 +18,15 @@ const STUCK: &[&str] = &[
 /// Whether a start failure means the image cannot be had.
 pub fn is_image_failure(reason: &str) -> bool {
     matches!(reason, "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName")
+}
+
+/// How the containers of `pods` ended, for those that did: a Job's pod reports
+/// its outcome in the termination message.
+pub fn terminations<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> impl Iterator<Item = &'a ContainerStateTerminated> {
+    pods.into_iter()
+        .filter_map(|pod| pod.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
 }
 
 /// A reason a pod cannot start, e.g. `ImagePullBackOff`, with the kubelet's message.
