@@ -14,6 +14,9 @@
 #   hack/cluster.sh stop NAME      stop one component (failure tests)
 #   hack/cluster.sh start NAME     start it again and wait until it is healthy
 #   hack/cluster.sh restart NAME
+#   hack/cluster.sh keelson-image BINARY   the operator's image from BINARY, imported
+#                                  into the node (MyDatabase pods' instance manager);
+#                                  prints its reference
 #
 # KEELSON_CLUSTER_PROFILE=kwok leaves the real node out (the benchmark's
 # cluster): KWOK's nodes then take every pod. With the real node, KWOK's nodes
@@ -37,7 +40,7 @@ NODES="${KEELSON_CLUSTER_NODES:-3}"
 # iptables chains and the kubelet's cgroups are not per cluster).
 NODE_OWNER=/run/keelson-node.owner
 
-PARTS=(lib pki etcd kube-apiserver kube-controller-manager kube-scheduler kwok network containerd images kubelet kube-proxy coredns storage)
+PARTS=(lib pki etcd kube-apiserver kube-controller-manager kube-scheduler kwok network api-bridge containerd images kubelet kube-proxy coredns storage)
 for part in "${PARTS[@]}"; do
   # shellcheck source=/dev/null
   source "$ROOT/hack/cluster/$part.sh"
@@ -48,12 +51,12 @@ node_settings
 profile() { cat "$DIR/profile" 2>/dev/null || echo "${KEELSON_CLUSTER_PROFILE:-node}"; }
 components() {
   echo etcd kube-apiserver kube-controller-manager kube-scheduler kwok
-  [[ "$(profile)" == kwok ]] || echo network containerd images kubelet kube-proxy coredns
+  [[ "$(profile)" == kwok ]] || echo network api-bridge containerd images kubelet kube-proxy coredns
   echo storage
 }
 processes() {
   echo etcd kube-apiserver kube-controller-manager kube-scheduler kwok
-  [[ "$(profile)" == kwok ]] || echo containerd kubelet kube-proxy coredns
+  [[ "$(profile)" == kwok ]] || echo api-bridge containerd kubelet kube-proxy coredns
   echo local-volumes
 }
 
@@ -141,7 +144,7 @@ down_node() {
   local owner
   owner="$(other_node_owner || true)"
   if [[ -n "$owner" ]]; then log "the real node on this machine is $owner's; leaving it alone"; return 0; fi
-  stop_pid coredns kube-proxy kubelet
+  stop_pid coredns kube-proxy kubelet api-bridge
   kill_cgroup_processes
   stop_pid containerd
   kill_shims
@@ -223,5 +226,6 @@ case "${1:-}" in
   stop) stop_one "${2:?component}" ;;
   start) start_one "${2:?component}" ;;
   restart) stop_one "${2:?component}"; start_one "$2" ;;
-  *) echo "usage: $0 up|down|status|leftovers|stop NAME|start NAME|restart NAME" >&2; exit 2 ;;
+  keelson-image) with_running_cluster; keelson_image "${2:?path of the keelson binary}" ;;
+  *) echo "usage: $0 up|down|status|leftovers|stop NAME|start NAME|restart NAME|keelson-image BINARY" >&2; exit 2 ;;
 esac

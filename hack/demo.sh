@@ -37,8 +37,12 @@ run target/debug/keelson manifests crd | kubectl apply --server-side -f -
 
 say "make run: the operator, in the background (log: $DIR/keelson.log)"
 stop_operator
+# MyDatabase pods copy their instance manager from the operator's image: this
+# binary, imported into the node as keelson:dev-<hash>.
+instance_image="$(hack/cluster.sh keelson-image target/debug/keelson)"
 setsid target/debug/keelson run --metrics-addr "127.0.0.1:$KEELSON_METRICS_PORT" \
-  --health-addr "127.0.0.1:$KEELSON_HEALTH_PORT" > "$DIR/keelson.log" 2>&1 < /dev/null &
+  --health-addr "127.0.0.1:$KEELSON_HEALTH_PORT" --instance-image "$instance_image" \
+  > "$DIR/keelson.log" 2>&1 < /dev/null &
 echo $! > "$DIR/keelson.pid"
 until curl -sf "http://127.0.0.1:$KEELSON_HEALTH_PORT/readyz" >/dev/null; do sleep 0.2; done
 echo "operator ready: metrics on http://127.0.0.1:$KEELSON_METRICS_PORT/metrics"

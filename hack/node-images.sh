@@ -23,7 +23,7 @@ NGINX_TAGS=(1.25-alpine 1.25 1.26-alpine 1.26 1.27)
 PAUSE_NAME=registry.k8s.io/pause:3.10
 
 recipe_hash() {
-  cat "${BASH_SOURCE[0]}" "$ROOT"/hack/images/nginx.conf "$ROOT"/hack/images/pause/* | sha256sum | cut -c1-12
+  cat "${BASH_SOURCE[0]}" "$ROOT"/hack/images/oci.sh "$ROOT"/hack/images/nginx.conf "$ROOT"/hack/images/pause/* | sha256sum | cut -c1-12
 }
 OUT="$CACHE_ROOT/images-$SUITE-$(recipe_hash)"
 BUILD="$CACHE_ROOT/build/images"
@@ -76,38 +76,8 @@ new_rootfs() {
 
 slim() { rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/usr/share/doc/* "$1"/usr/share/man/* "$1"/usr/share/locale/*; }
 
-sha() { sha256sum "$1" | cut -d' ' -f1; }
-
-# oci_archive ROOTFS OUTPUT CONFIG_JSON NAME...: one layer from ROOTFS, one
-# image config, every NAME pointing at the same manifest.
-oci_archive() {
-  local rootfs="$1" output="$2" config="$3"; shift 3
-  local work; work="$(mktemp -d "$BUILD/oci.XXXXXX")"
-  mkdir -p "$work/blobs/sha256"
-  tar --numeric-owner --xattrs -C "$rootfs" --exclude=./proc/* --exclude=./sys/* --exclude=./dev/* \
-    -cf "$work/layer.tar" .
-  local layer layer_size
-  layer="$(sha "$work/layer.tar")"; layer_size="$(stat -c %s "$work/layer.tar")"
-  mv "$work/layer.tar" "$work/blobs/sha256/$layer"
-  printf '{"architecture":"amd64","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
-    "$config" "$layer" > "$work/config.json"
-  local cfg cfg_size
-  cfg="$(sha "$work/config.json")"; cfg_size="$(stat -c %s "$work/config.json")"
-  mv "$work/config.json" "$work/blobs/sha256/$cfg"
-  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
-    "$cfg" "$cfg_size" "$layer" "$layer_size" > "$work/manifest.json"
-  local manifest manifest_size
-  manifest="$(sha "$work/manifest.json")"; manifest_size="$(stat -c %s "$work/manifest.json")"
-  mv "$work/manifest.json" "$work/blobs/sha256/$manifest"
-  local entries="" name
-  for name in "$@"; do
-    entries+="${entries:+,}{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"sha256:$manifest\",\"size\":$manifest_size,\"annotations\":{\"io.containerd.image.name\":\"$name\",\"org.opencontainers.image.ref.name\":\"${name##*:}\"}}"
-  done
-  printf '{"schemaVersion":2,"manifests":[%s]}' "$entries" > "$work/index.json"
-  printf '{"imageLayoutVersion":"1.0.0"}' > "$work/oci-layout"
-  tar -C "$work" -cf "$output.tmp" oci-layout index.json blobs && mv "$output.tmp" "$output"
-  rm -rf "$work"
-}
+# shellcheck source=hack/images/oci.sh
+source "$ROOT/hack/images/oci.sh"
 
 labels() { # labels STAND_IN_FOR REAL_VERSION
   printf '{"dev.keelson.stand-in":"true","dev.keelson.stand-in.for":"%s","dev.keelson.real-version":"%s","org.opencontainers.image.description":"Keelson stand-in built from Debian %s packages, not the official image"}' \

@@ -20,3 +20,36 @@ healthy_images() {
   grep -qx registry.k8s.io/pause:3.10 <<<"$names" && grep -qx docker.io/library/postgres:15.2 <<<"$names" \
     && grep -qx docker.io/library/nginx:1.25-alpine <<<"$names"
 }
+
+# keelson_image BINARY: the operator's image made from BINARY (one file,
+# /keelson) and imported into the node's containerd; prints its reference,
+# tagged with the binary's hash so that a rebuilt binary is a new image.
+# MyDatabase pods copy the instance manager from it (an init container).
+# Without a real node (kwok profile) nothing runs it: only the name is printed.
+keelson_image() {
+  local binary="$1" hash ref work
+  [[ -x "$binary" ]] || die "no executable $binary (cargo build --bin keelson)"
+  hash="$(sha256sum "$binary" | cut -c1-12)"
+  ref="keelson:dev-$hash"
+  if [[ "$(profile)" != kwok && ! -f "$DIR/containerd/root/keelson-image-$hash" ]]; then
+    work="$(mktemp -d)"
+    mkdir "$work/rootfs"
+    # Debug symbols are of no use in a pod and are most of a debug build's size.
+    objcopy --strip-debug "$binary" "$work/rootfs/keelson" && chmod 0755 "$work/rootfs/keelson"
+    # A cargo build links glibc dynamically (the release image is a static musl
+    # build): its loader and libraries come along, from this Debian.
+    local lib
+    for lib in $(ldd "$binary" | grep -oE '/[^ ]+'); do
+      mkdir -p "$work/rootfs$(dirname "$lib")" && cp -L "$lib" "$work/rootfs$lib"
+    done
+    # shellcheck source=hack/images/oci.sh
+    source "$ROOT/hack/images/oci.sh"
+    BUILD="$work" oci_archive "$work/rootfs" "$work/keelson.tar" \
+      '{"Entrypoint":["/keelson"],"User":"65532","Labels":{"org.opencontainers.image.description":"Keelson, built on this machine"}}' \
+      "docker.io/library/$ref"
+    ctr_node images import "$work/keelson.tar" >> "$DIR/images.log" 2>&1 || die "cannot import $ref; see $DIR/images.log"
+    rm -rf "$work"
+    touch "$DIR/containerd/root/keelson-image-$hash"
+  fi
+  echo "$ref"
+}

@@ -11,6 +11,7 @@ SERVICE_CIDR=10.96.0.0/16
 SYSCTLS=(net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables net.ipv4.conf.all.route_localnet)
 
 start_network() {
+  install_node_packages # iptables among them; a new machine may have none
   mkdir -p "$DIR/network" "$DIR/cni/net.d" "$DIR/cni/ipam"
   # Kept once, restored by stop_network: this host's settings before us.
   if [[ ! -f "$DIR/network/sysctl.saved" ]]; then

@@ -3,7 +3,18 @@
 
 make_pki() {
   local pki="$DIR/pki"
-  [[ -f "$pki/apiserver.crt" ]] || make_control_plane_pki
+  [[ -f "$pki/ca.crt" ]] || make_control_plane_pki
+  # Pods reach the API server as kubernetes.default.svc, at the Service's IP,
+  # through the node's bridge address (hack/cluster/api-bridge.sh).
+  local names="IP:127.0.0.1,IP:10.96.0.1,IP:$NODE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default"
+  names+=",DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  if [[ ! -f "$pki/apiserver.crt" ]] || ! grep -qF "subjectAltName=$names" "$pki/apiserver.ext"; then
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
+      -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" 2>/dev/null
+    printf 'subjectAltName=%s\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' "$names" > "$pki/apiserver.ext"
+    openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+      -days 3650 -extfile "$pki/apiserver.ext" -out "$pki/apiserver.crt" 2>/dev/null
+  fi
   # The cluster's own components (controller-manager, scheduler, kwok, kube-proxy,
   # CoreDNS, the volume provisioner) act as a user of their own: the audit log's
   # reads by admin are then the tests' alone.
@@ -24,11 +35,6 @@ make_control_plane_pki() {
   mkdir -p "$pki"
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=keelson-dev-ca" \
     -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
-  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
-    -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' > "$pki/apiserver.ext"
-  openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
-    -days 3650 -extfile "$pki/apiserver.ext" -out "$pki/apiserver.crt" 2>/dev/null
   openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
   head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$pki/admin.token"

@@ -430,6 +430,7 @@ fn database(i: usize) -> MyDatabase {
             backup: Some(BackupSpec { schedule: "0 2 * * *".into(), retention: "7d".into(), storage: "1Gi".into() }),
             restore_from: None,
             deletion_policy: DeletionPolicy::Delete,
+            replication: Default::default(),
         },
     )
 }

@@ -13,6 +13,9 @@ pub enum Error {
     #[error("{0}")]
     MissingMetadata(String),
 
+    #[error("the watch cache of {0} stopped")]
+    CacheStopped(&'static str),
+
     #[error("could not serialize {what}: {source}")]
     Serialize {
         what: &'static str,
@@ -39,6 +42,7 @@ impl Error {
             Error::Kube { .. } => "kube_api",
             Error::ChildrenFailed { .. } => "child_apply",
             Error::MissingMetadata(_) => "missing_metadata",
+            Error::CacheStopped(_) => "cache_stopped",
             Error::Serialize { .. } => "serialize",
         }
     }

@@ -1,11 +1,13 @@
 //! Keelson: a Kubernetes operator for WebApps and PostgreSQL databases.
 //!
 //! `api` holds the custom resource types, `webapp` and `mydatabase` one
-//! controller each, `runtime` what both share, `manifests` the CRDs and RBAC
+//! controller each, `instance` the manager beside PostgreSQL in each database
+//! pod, `runtime` what both controllers share, `manifests` the CRDs and RBAC
 //! generated from this code.
 
 pub mod api;
 pub mod error;
+pub mod instance;
 pub mod manifests;
 pub mod mydatabase;
 pub mod operator;

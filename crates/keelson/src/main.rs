@@ -17,11 +17,24 @@ struct Cli {
 enum Command {
     /// Run the WebApp and MyDatabase controllers against the current cluster.
     Run(keelson::operator::RunArgs),
+    /// The instance manager of a MyDatabase pod (the operator starts it there).
+    Instance {
+        #[command(subcommand)]
+        what: InstanceCommand,
+    },
     /// Print manifests generated from the code.
     Manifests {
         #[command(subcommand)]
         what: ManifestKind,
     },
+}
+
+#[derive(Subcommand)]
+enum InstanceCommand {
+    /// Report the local PostgreSQL's role, version and positions on this pod.
+    Run(keelson::instance::RunArgs),
+    /// Copy this binary to PATH (an init container's job).
+    Install { path: std::path::PathBuf },
 }
 
 #[derive(Subcommand, Clone)]
@@ -51,6 +64,22 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Instance { what } => {
+            let outcome = match what {
+                InstanceCommand::Run(args) => {
+                    tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
+                    keelson::instance::run(args).await
+                }
+                InstanceCommand::Install { path } => keelson::instance::install(&path),
+            };
+            match outcome {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("keelson instance: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Manifests { what } => {
             let rendered = match what {
                 ManifestKind::Crd => manifests::to_yaml_stream(&manifests::crd::all()),

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use crate::runtime::controller::{ControllerDef, RunParams};
 use crate::runtime::health::{self, Readiness};
 use crate::runtime::leader::LeaderElector;
-use crate::runtime::{Context, Metrics};
+use crate::runtime::{Context, Metrics, Settings};
 use crate::{mydatabase, webapp};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -51,6 +51,11 @@ pub struct RunArgs {
     /// Log filter: a level (info, debug, ...) or a tracing directive such as `keelson=debug,kube=info`.
     #[arg(long, env = "KEELSON_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// The image MyDatabase pods copy the instance manager from (an init
+    /// container): the operator's own image, which holds this binary.
+    #[arg(long, env = "KEELSON_INSTANCE_IMAGE", default_value_t = Settings::default().instance_image)]
+    pub instance_image: String,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy)]
@@ -86,7 +91,7 @@ fn init_tracing(args: &RunArgs) -> Result<(), RunError> {
 }
 
 /// Resolves when SIGTERM or Ctrl-C arrives.
-async fn termination_signal() {
+pub(crate) async fn termination_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -204,7 +209,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         })
     };
     tracing::info!(namespace = ?args.namespace, concurrency = args.concurrency, "starting controllers");
-    let ctx = Context::new(client, metrics.clone());
+    let ctx = Context::new(client, metrics.clone(), Settings { instance_image: args.instance_image.clone() });
     run_controllers(ctx, args.namespace.clone(), args.concurrency, readiness, shutdown_rx).await;
     metrics.leader.set(0);
 

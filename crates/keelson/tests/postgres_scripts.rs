@@ -289,3 +289,82 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
     }
     Ok(())
 }
+
+/// The instance manager's one query (`keelson::instance::probe`) on a real
+/// primary and replica: roles, the version actually running, timeline, and
+/// the replica's lag as its primary counts it, by pod name.
+#[tokio::test]
+async fn instance_probe_reads_roles_version_and_lag_from_real_servers() -> anyhow::Result<()> {
+    use keelson::api::instance::Role;
+    use keelson::instance::probe;
+    if !postgres::available() {
+        return Ok(());
+    }
+    let scratch = Scratch::new("probe")?;
+    let script = script()?;
+    let primary = primary(&scratch, &script)?;
+    seed(&primary)?;
+    let replica_data = scratch.path.join("replica");
+    let mut env = base_env(&replica_data);
+    env.extend([("PRIMARY_HOST", "127.0.0.1".to_string()), ("PRIMARY_PORT", primary.port.to_string())]);
+    check(run(&script, &["init-replica"], &env)?, "init-replica")?;
+    // As the pod's start does: the replica's cluster_name is its pod.
+    let replica = Server::start_with(&replica_data, &scratch.path, "-c cluster_name=db-1")?;
+    let probe_of = |server: &Server| probe::Server {
+        socket_dir: server.socket_dir().to_string_lossy().into_owned(),
+        port: server.port,
+        bin_dir: postgres::bindir().to_string_lossy().into_owned(),
+    };
+    let version = primary.psql_superuser("postgres", "SHOW server_version")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let seen = loop {
+        let seen = probe_of(&primary).probe(Duration::from_secs(10)).await?;
+        if seen.replicas.iter().any(|r| r.name == "db-1" && r.state == "streaming") {
+            break seen;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the primary never reported db-1 streaming: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(seen.role, Role::Primary);
+    assert_eq!(seen.timeline, 1);
+    assert!(version.starts_with(&seen.server_version), "{version} vs {}", seen.server_version);
+    assert!(seen.server_version.chars().all(|c| c.is_ascii_digit() || c == '.'), "{}", seen.server_version);
+
+    // Lag: with the replica's replay paused, WAL the primary writes is counted against it.
+    replica.psql_superuser("postgres", "SELECT pg_wal_replay_pause()")?;
+    primary.psql(
+        "app",
+        APP_PASSWORD,
+        "app",
+        "INSERT INTO orders SELECT g, 'more', 1 FROM generate_series(1001, 3000) g",
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = probe_of(&primary).probe(Duration::from_secs(10)).await?;
+        let lag = seen.replicas.iter().find(|r| r.name == "db-1").and_then(|r| r.lag_bytes).unwrap_or_default();
+        if lag > 100_000 {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no lag counted against a paused replica: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    replica.psql_superuser("postgres", "SELECT pg_wal_replay_resume()")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = probe_of(&primary).probe(Duration::from_secs(10)).await?;
+        if seen.replicas.iter().any(|r| r.name == "db-1" && r.lag_bytes == Some(0)) {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the resumed replica never caught up: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let seen = probe_of(&replica).probe(Duration::from_secs(10)).await?;
+    assert_eq!(seen.role, Role::Replica);
+    assert!(seen.streaming, "{seen:?}");
+    assert!(seen.replicas.is_empty());
+    // A server that is down is an error, not a report.
+    let stopped = probe::Server { port: postgres::free_port()?, ..probe_of(&replica) };
+    assert!(stopped.probe(Duration::from_secs(10)).await.is_err());
+    Ok(())
+}

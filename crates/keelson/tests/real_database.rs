@@ -6,6 +6,7 @@ mod common;
 use common::TestOperator;
 use k8s_openapi::api::core::v1::Secret;
 use keelson::api::MyDatabase;
+use keelson::api::instance::Role;
 use keelson::api::mydatabase::DatabasePhase;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
@@ -70,6 +71,25 @@ async fn tutorial_database_streams_to_two_replicas_and_serves_its_connection_sec
         })
         .await?;
     }
+
+    // Status from the instances themselves (their managers' reports): the primary's pod, the
+    // version PostgreSQL runs, each role, and the replicas' lag caught up to 0 after the write.
+    let running_version = sql_in(&ns, "production-db-0", "SHOW server_version")?;
+    let reported = testkit::wait_for(&dbs, "production-db", "roles and lag 0 in status", DEFAULT_TIMEOUT, |db| {
+        db.status.as_ref().is_some_and(|s| {
+            s.instance_statuses.len() == 3
+                && s.instance_statuses.iter().filter(|i| i.role == Some(Role::Replica)).all(|i| i.lag_bytes == Some(0))
+                && s.instance_statuses.iter().filter(|i| i.role == Some(Role::Replica)).count() == 2
+        })
+    })
+    .await?
+    .status
+    .unwrap_or_default();
+    assert_eq!(reported.current_primary.as_deref(), Some("production-db-0"));
+    assert_eq!(reported.instance_statuses[0].role, Some(Role::Primary), "{:?}", reported.instance_statuses);
+    let version = reported.server_version.clone().unwrap_or_default();
+    assert!(!version.is_empty() && running_version.starts_with(&version), "{version} vs SHOW {running_version}");
+    assert!(reported.instance_statuses.iter().all(|i| i.ready && i.timeline == Some(1)), "{reported:?}");
 
     // The -ro Service reaches replicas only: every answer is "in recovery".
     let ro = "for i in 1 2 3 4 5 6; do psql \"${URI/-rw./-ro.}\" -At -c 'SELECT pg_is_in_recovery()' || exit 1; done";

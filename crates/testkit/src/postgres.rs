@@ -92,8 +92,13 @@ pub struct Server {
 impl Server {
     /// Starts the cluster in `data` (already initialised) on a free port.
     pub fn start(data: &Path, socket_dir: &Path) -> anyhow::Result<Self> {
+        Self::start_with(data, socket_dir, "")
+    }
+
+    /// Like [`Server::start`], with more server options (`-c name=value ...`).
+    pub fn start_with(data: &Path, socket_dir: &Path, extra_options: &str) -> anyhow::Result<Self> {
         let port = free_port()?;
-        let options = format!("-p {port} -c listen_addresses=127.0.0.1 -k {}", socket_dir.display());
+        let options = format!("-p {port} -c listen_addresses=127.0.0.1 -k {} {extra_options}", socket_dir.display());
         let log = data.with_extension("log");
         let out = as_postgres(
             &bindir().join("pg_ctl"),

@@ -5,6 +5,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 pub mod conditions;
+pub mod instance;
 pub mod mydatabase;
 pub mod reference;
 pub mod webapp;

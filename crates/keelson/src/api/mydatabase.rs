@@ -71,6 +71,22 @@ pub struct MyDatabaseSpec {
     /// volumes, Delete removes data volumes and backups.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+
+    /// Synchronous (the default): with two or more replicas, a commit is
+    /// acknowledged once at least one replica has it (`ANY 1`), so a failover
+    /// loses nothing a client saw committed, and one replica down does not
+    /// stop writes. Asynchronous: faster commits; a failover may lose the
+    /// last ones. With fewer than two replicas replication is asynchronous.
+    #[serde(default)]
+    pub replication: ReplicationMode,
+}
+
+/// How commits wait for replicas.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+pub enum ReplicationMode {
+    #[default]
+    Synchronous,
+    Asynchronous,
 }
 
 /// Which backup a new MyDatabase starts from.
@@ -158,6 +174,19 @@ pub struct MyDatabaseStatus {
     /// Size in bytes of the newest successful backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup_size_bytes: Option<i64>,
+    /// The pod of the primary, as its instance manager reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_primary: Option<String>,
+    /// The PostgreSQL version the primary runs (`SHOW server_version`), next to `spec.version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+    /// The newest failover: which primary was lost and why, which replica was
+    /// promoted, and the positions compared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failover: Option<FailoverRecord>,
+    /// Each instance: its role, readiness and replication lag, from its pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instance_statuses: Vec<InstanceStatus>,
     /// The Secret holding the connection details.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret: Option<String>,
@@ -167,6 +196,45 @@ pub struct MyDatabaseStatus {
     /// Ready, BackupScheduled, LastBackupSucceeded and SpecValid.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// A failover, as Keelson decided it.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverRecord {
+    /// The primary that was lost.
+    pub from: String,
+    /// The replica promoted.
+    pub to: String,
+    /// Why the primary counted as lost.
+    pub reason: String,
+    /// When the loss was seen.
+    pub lost_at: Option<Time>,
+    /// When the promotion was decided (all live replicas had answered).
+    pub promoted_at: Option<Time>,
+    /// Each candidate's received WAL position, `<pod> at <lsn>`.
+    #[serde(default)]
+    pub positions: Vec<String>,
+}
+
+/// One PostgreSQL instance, as the operator last heard from it.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    /// The pod.
+    pub name: String,
+    /// primary or replica; absent until its instance manager reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<super::instance::Role>,
+    /// Its readiness probe passes (a replica: it streams).
+    #[serde(default)]
+    pub ready: bool,
+    /// A replica: WAL its primary wrote that it has not replayed, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<i64>,
+    /// The WAL timeline it is on (one more after each promotion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
 }
 
 /// Lifecycle phase of a MyDatabase.

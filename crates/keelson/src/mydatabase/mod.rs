@@ -9,6 +9,9 @@
 pub mod backup;
 pub mod credentials;
 pub mod deletion;
+pub mod failover;
+pub mod instance_access;
+pub mod instances;
 pub mod names;
 pub mod observed;
 pub mod pdb;
@@ -24,8 +27,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -63,6 +67,13 @@ pub const RBAC: &[Permission] = &[
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
     },
     Permission { group: "", resources: &["pods"], verbs: &["list", "watch", "patch"] },
+    // The instance managers' identity; granting pods/patch needs holding it (above).
+    Permission { group: "", resources: &["serviceaccounts"], verbs: &["get", "list", "watch", "create", "patch"] },
+    Permission {
+        group: "rbac.authorization.k8s.io",
+        resources: &["roles", "rolebindings"],
+        verbs: &["get", "list", "watch", "create", "patch"],
+    },
     Permission {
         group: "batch",
         resources: &["cronjobs"],
@@ -111,12 +122,20 @@ pub async fn run(params: RunParams) {
         cache::watch(scoped_api::<Pod>(client, namespace), &of_components("database,backup,restore"), watch("Pod"));
     let (claims, claim_events) =
         cache::watch(scoped_api::<PersistentVolumeClaim>(client, namespace), &managed, watch("PersistentVolumeClaim"));
+    let (service_accounts, service_account_events) =
+        cache::watch(scoped_api::<ServiceAccount>(client, namespace), &managed, watch("ServiceAccount"));
+    let (roles, role_events) = cache::watch(scoped_api::<Role>(client, namespace), &managed, watch("Role"));
+    let (role_bindings, role_binding_events) =
+        cache::watch(scoped_api::<RoleBinding>(client, namespace), &managed, watch("RoleBinding"));
     let controller = Controller::for_stream(database_events, databases)
         .owns_stream(statefulset_events)
         .owns_stream(service_events)
         .owns_stream(config_map_events)
         .owns_stream(cron_job_events)
         .owns_stream(disruption_budget_events)
+        .owns_stream(service_account_events)
+        .owns_stream(role_events)
+        .owns_stream(role_binding_events)
         .watches_stream(secret_events, owning_database)
         .watches_stream(job_events, owning_database)
         .watches_stream(pod_events, owning_database)
@@ -133,8 +152,21 @@ pub async fn run(params: RunParams) {
         jobs,
         claims,
         pods,
+        service_accounts,
+        roles,
+        role_bindings,
     };
-    drive(controller, Arc::new(reconcile::MyDatabaseReconciler { ctx, caches }), on_synced).await;
+    drive(
+        controller,
+        Arc::new(reconcile::MyDatabaseReconciler {
+            ctx,
+            caches,
+            failovers: Default::default(),
+            last_failovers: Default::default(),
+        }),
+        on_synced,
+    )
+    .await;
 }
 
 #[cfg(test)]
@@ -158,6 +190,7 @@ pub(crate) mod tests {
                 }),
                 restore_from: None,
                 deletion_policy: DeletionPolicy::Retain,
+                replication: Default::default(),
             },
         );
         db.metadata = ObjectMeta {

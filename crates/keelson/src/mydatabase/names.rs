@@ -10,7 +10,7 @@ use crate::api::MyDatabase;
 use crate::runtime::meta::{self, DerivedName};
 
 pub const CLUSTER_LABEL: &str = "keelson.dev/cluster";
-pub const ROLE_LABEL: &str = "keelson.dev/role";
+pub use crate::api::instance::ROLE_LABEL;
 pub const PORT: i32 = 5432;
 pub const APP_DB: &str = "app";
 pub const APP_USER: &str = "app";
@@ -62,6 +62,14 @@ pub fn backup_cronjob(db: &MyDatabase) -> String {
 pub fn final_backup_job(db: &MyDatabase) -> String {
     format!("{}{FINAL_BACKUP}", db.name_any())
 }
+/// The instance managers' ServiceAccount, Role and RoleBinding.
+pub fn instance_access(db: &MyDatabase) -> String {
+    format!("{}-instance", db.name_any())
+}
+/// The pods of `db`'s instances, by ordinal.
+pub fn instance_pods(db: &MyDatabase) -> Vec<String> {
+    (0..db.spec.replicas.max(0)).map(|ordinal| format!("{}-{ordinal}", statefulset(db))).collect()
+}
 pub fn restore_job(db: &MyDatabase) -> String {
     format!("{}-restore", db.name_any())
 }
@@ -73,11 +81,6 @@ pub fn first_data_claim(db: &MyDatabase) -> String {
 pub fn backups_pvc_of(database: &str) -> String {
     format!("{database}-backups")
 }
-/// DNS name of pod 0, the primary, through the headless Service.
-pub fn primary_host(db: &MyDatabase) -> String {
-    format!("{}-0.{}", statefulset(db), headless_service(db))
-}
-
 /// Labels on every object of `db`, for `component` (database, backup, ...).
 pub fn labels(db: &MyDatabase, component: &str) -> BTreeMap<String, String> {
     let mut labels = meta::recommended_labels("postgresql", component, &db.name_any());

@@ -5,8 +5,9 @@
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::Api;
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
@@ -27,6 +28,9 @@ pub struct Caches {
     pub jobs: Store<Job>,
     pub claims: Store<PersistentVolumeClaim>,
     pub pods: Store<Pod>,
+    pub service_accounts: Store<ServiceAccount>,
+    pub roles: Store<Role>,
+    pub role_bindings: Store<RoleBinding>,
 }
 
 /// What the cluster holds for one MyDatabase; apply updates it with what it wrote.
@@ -48,9 +52,37 @@ pub struct Observed {
     pub restore_source: Option<PersistentVolumeClaim>,
     pub restore_job: Option<Job>,
     pub restore_pods: Vec<Pod>,
+    /// The primary Keelson chose (set by apply).
+    pub primary: Option<String>,
+    /// A failover waits for the replicas' positions (set by apply).
+    pub failover_pending: bool,
+    /// The newest failover this operator decided (set by apply).
+    pub failover: Option<crate::api::mydatabase::FailoverRecord>,
+}
+
+impl Caches {
+    /// Until every cache has its first full list (at once afterwards): a
+    /// reconcile must not take an unsynced cache's emptiness for the cluster's.
+    async fn synced(&self) -> Result<()> {
+        let stopped = |what| move |_| Error::CacheStopped(what);
+        self.statefulsets.wait_until_ready().await.map_err(stopped("StatefulSets"))?;
+        self.services.wait_until_ready().await.map_err(stopped("Services"))?;
+        self.secrets.wait_until_ready().await.map_err(stopped("Secrets"))?;
+        self.config_maps.wait_until_ready().await.map_err(stopped("ConfigMaps"))?;
+        self.cron_jobs.wait_until_ready().await.map_err(stopped("CronJobs"))?;
+        self.disruption_budgets.wait_until_ready().await.map_err(stopped("PodDisruptionBudgets"))?;
+        self.jobs.wait_until_ready().await.map_err(stopped("Jobs"))?;
+        self.claims.wait_until_ready().await.map_err(stopped("PersistentVolumeClaims"))?;
+        self.pods.wait_until_ready().await.map_err(stopped("Pods"))?;
+        self.service_accounts.wait_until_ready().await.map_err(stopped("ServiceAccounts"))?;
+        self.roles.wait_until_ready().await.map_err(stopped("Roles"))?;
+        self.role_bindings.wait_until_ready().await.map_err(stopped("RoleBindings"))?;
+        Ok(())
+    }
 }
 
 pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<Observed> {
+    caches.synced().await?;
     let namespace = db.namespace().unwrap_or_default();
     let credentials = match cache::get(&caches.secrets, &namespace, &names::credentials(db)) {
         Some(secret) => Some(secret),
@@ -75,5 +107,8 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
             .and_then(|from| cache::get(&caches.claims, &namespace, &names::backups_pvc_of(&from.database))),
         restore_job: cache::get(&caches.jobs, &namespace, &names::restore_job(db)),
         restore_pods: cache::list(&caches.pods, &namespace, &names::labels(db, "restore")),
+        primary: None,
+        failover_pending: false,
+        failover: None,
     })
 }

@@ -4,7 +4,9 @@
 //! depends on it) → status from the StatefulSet and the backup Jobs.
 //! Deletion runs `deletion::clean_up` under the finalizer.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::CronJob;
@@ -15,13 +17,17 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use super::failover::{self, Decision};
+use super::instance_access::{self, InstanceAccess};
 use super::observed::{self, Caches, Observed};
 use super::restore::{self, Progress, Restore};
 use super::statefulset::StorageChange;
 use super::{backup, credentials, deletion, names, pdb, scripts, services, statefulset, status, validation};
 use crate::Result;
-use crate::api::mydatabase::{MyDatabase, MyDatabaseStatus};
+use crate::api::instance::{POSITION_REQUEST, SYNCHRONOUS_STANDBYS};
+use crate::api::mydatabase::{FailoverRecord, MyDatabase, MyDatabaseStatus, ReplicationMode};
 use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 pub const CONTROLLER: &str = "mydatabase";
 pub const FINALIZER: &str = "db.keelson.dev/cleanup";
@@ -29,12 +35,23 @@ pub const FINALIZER: &str = "db.keelson.dev/cleanup";
 pub struct MyDatabaseReconciler {
     pub ctx: Arc<Context>,
     pub caches: Caches,
+    /// Failovers under way: the position request sent, and when (monotonic
+    /// and wall clock), by database.
+    pub failovers: Mutex<HashMap<String, (String, Instant, Time)>>,
+    /// The newest failover decided per database: status carries it even when
+    /// a reconcile reads a cached MyDatabase from before that status write.
+    pub last_failovers: Mutex<HashMap<String, FailoverRecord>>,
 }
+
+/// How long a failover waits for every live replica's position before it
+/// promotes the best of those that answered (the others are taken for dead).
+const POSITION_WAIT: Duration = Duration::from_secs(3);
 
 /// Every child the spec asks for; None where an optional one is switched off.
 pub struct Desired {
     credentials: Secret,
     scripts: ConfigMap,
+    instance_access: InstanceAccess,
     services: [Service; 3],
     backups_claim: Option<PersistentVolumeClaim>,
     restore: Option<Restore>,
@@ -63,16 +80,17 @@ impl Reconciler for MyDatabaseReconciler {
         validation::validate(&db.spec)
     }
 
-    fn build(db: &MyDatabase, observed: &Observed) -> Result<Desired> {
+    fn build(&self, db: &MyDatabase, observed: &Observed) -> Result<Desired> {
         let passwords = credentials::passwords(observed.credentials.as_ref());
         let backups_claim = db.spec.backup.is_some().then(|| backup::volume_claim(db));
         Ok(Desired {
             credentials: credentials::build(db, &passwords)?,
             scripts: scripts::build(db)?,
+            instance_access: instance_access::build(db)?,
             services: services::build(db)?,
             backups_claim,
             restore: restore::build(db)?,
-            statefulset: statefulset::build(db)?,
+            statefulset: statefulset::build(db, &self.ctx.settings)?,
             disruption_budget: pdb::build(db)?,
             backup_cron_job: backup::cronjob(db)?,
         })
@@ -83,6 +101,10 @@ impl Reconciler for MyDatabaseReconciler {
         let name = names::statefulset(db);
         let credentials = applier.apply(&caches.secrets, desired.credentials).await;
         applier.apply(&caches.config_maps, desired.scripts).await;
+        let InstanceAccess { service_account, role, role_binding } = desired.instance_access;
+        applier.apply(&caches.service_accounts, service_account).await;
+        applier.apply(&caches.roles, role).await;
+        applier.apply(&caches.role_bindings, role_binding).await;
         for service in desired.services {
             applier.apply(&caches.services, service).await;
         }
@@ -120,12 +142,30 @@ impl Reconciler for MyDatabaseReconciler {
         applier.apply_optional(&caches.disruption_budgets, &name, desired.disruption_budget).await;
         let backup_cron_job =
             applier.apply_optional(&caches.cron_jobs, &names::backup_cronjob(db), desired.backup_cron_job).await;
-        label_pod_roles(&observed.pods, applier).await;
-        Observed { credentials, statefulset, backups_claim, backup_cron_job, ..observed }
+        let (primary, failover_pending, failover) = self.elect_primary(db, &observed, applier).await;
+        let failover = failover.or_else(|| {
+            let key = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
+            self.last_failovers.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned()
+        });
+        Observed {
+            credentials,
+            statefulset,
+            backups_claim,
+            backup_cron_job,
+            primary: Some(primary),
+            failover_pending,
+            failover,
+            ..observed
+        }
     }
 
     fn status(db: &MyDatabase, observed: &Observed, outcome: &Outcome) -> MyDatabaseStatus {
         status::compute(db, observed, outcome, &crate::runtime::status::now())
+    }
+
+    /// While a failover waits for positions, look again soon (answers also arrive as pod events).
+    fn recheck(_db: &MyDatabase, observed: &Observed) -> Option<Duration> {
+        observed.failover_pending.then_some(Duration::from_millis(250))
     }
 
     fn current_status(db: &MyDatabase) -> Option<&MyDatabaseStatus> {
@@ -188,14 +228,106 @@ impl MyDatabaseReconciler {
     }
 }
 
-/// Keeps `keelson.dev/role` on each pod so `-rw` and `-ro` select the right ones.
-async fn label_pod_roles(pods: &[Pod], applier: &Applier<'_>) {
-    for pod in pods {
-        let role = services::role_of_pod(&pod.name_any());
-        if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role) {
+impl MyDatabaseReconciler {
+    /// Keeps the primary Keelson chose (see `failover`), replacing a lost
+    /// one; returns it, and whether a failover waits for positions.
+    async fn elect_primary(
+        &self,
+        db: &MyDatabase,
+        observed: &Observed,
+        applier: &Applier<'_>,
+    ) -> (String, bool, Option<FailoverRecord>) {
+        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        let key = format!("{namespace}/{name}");
+        let status_primary = db.status.as_ref().and_then(|s| s.current_primary.as_deref());
+        let recorded = failover::recorded_primary(&observed.pods, status_primary, &names::statefulset(db));
+        let asked = self.failovers.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+        let waited = asked.as_ref().is_some_and(|(_, at, _)| at.elapsed() >= POSITION_WAIT);
+        match failover::decide(&recorded, &observed.pods, asked.as_ref().map(|(token, _, _)| token.as_str()), waited) {
+            Decision::Keep(primary) => {
+                self.failovers.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                label_pods(db, &observed.pods, &primary, applier).await;
+                (primary, false, None)
+            }
+            Decision::AskPositions { lost, why, ask, token } => {
+                if token.is_empty() {
+                    let token = format!("{lost}@{}", crate::runtime::status::now().0.as_millisecond());
+                    tracing::warn!(namespace, name, primary = lost, why, replicas = ?ask, "primary lost; asking the replicas for their positions");
+                    let patch = json!({"metadata": {"annotations": {POSITION_REQUEST: token}}});
+                    for pod in &ask {
+                        applier.merge_patch::<Pod>(pod, &patch, "ask-position").await;
+                    }
+                    let asked = (token, Instant::now(), crate::runtime::status::now());
+                    self.failovers.lock().unwrap_or_else(|p| p.into_inner()).insert(key, asked);
+                }
+                (recorded, true, None)
+            }
+            Decision::Promote(promotion) => {
+                let lost_at =
+                    self.failovers.lock().unwrap_or_else(|p| p.into_inner()).remove(&key).map(|(_, _, at)| at);
+                let positions: Vec<String> =
+                    promotion.positions.iter().map(|(pod, lsn)| format!("{pod} at {lsn}")).collect();
+                let note = format!(
+                    "failover: primary {} lost ({}); promoted {}, the replica that received the most WAL ({})",
+                    promotion.from,
+                    promotion.why,
+                    promotion.to,
+                    positions.join(", ")
+                );
+                tracing::warn!(namespace, name, from = promotion.from, to = promotion.to, "{note}");
+                label_pods(db, &observed.pods, &promotion.to, applier).await;
+                self.ctx.event(&db.object_ref(&()), EventType::Warning, "Failover", "Promote", note).await;
+                let record = FailoverRecord {
+                    from: promotion.from,
+                    to: promotion.to.clone(),
+                    reason: promotion.why,
+                    lost_at,
+                    promoted_at: Some(crate::runtime::status::now()),
+                    positions,
+                };
+                self.last_failovers.lock().unwrap_or_else(|p| p.into_inner()).insert(key, record.clone());
+                (promotion.to, false, Some(record))
+            }
+            Decision::NoCandidate { lost, why } => {
+                // Starting, or every replica is gone too: the pod on record keeps (or gets) the role.
+                let starting = observed.pods.is_empty();
+                if starting
+                    || observed.pods.iter().any(|p| p.name_any() == lost && p.metadata.deletion_timestamp.is_none())
+                {
+                    tracing::debug!(namespace, name, primary = lost, why, "no replica to take over; the role stays");
+                } else {
+                    tracing::warn!(namespace, name, primary = lost, why, "primary lost and no replica can take over");
+                }
+                label_pods(db, &observed.pods, &lost, applier).await;
+                (lost, false, None)
+            }
+        }
+    }
+}
+
+/// `synchronous_standby_names` for the primary: ANY 1 of the replicas when
+/// there are two or more and the spec asks for synchronous replication.
+pub fn synchronous_standbys(db: &MyDatabase) -> &'static str {
+    if db.spec.replication == ReplicationMode::Synchronous && db.spec.replicas >= 3 { "ANY 1 (*)" } else { "" }
+}
+
+/// Puts each pod's role label (which `-rw` and `-ro` select, and which its
+/// instance manager hands to PostgreSQL) and synchronous standbys in place.
+/// A pod that loses the primary role is relabelled first: it leaves `-rw`
+/// before another pod is announced there.
+async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Applier<'_>) {
+    let synchronous = synchronous_standbys(db);
+    let wanted = |pod: &Pod| if pod.name_any() == primary { services::PRIMARY } else { services::REPLICA };
+    let mut ordered: Vec<&Pod> = pods.iter().collect();
+    ordered.sort_by_key(|pod| wanted(pod) == services::PRIMARY);
+    for pod in ordered {
+        let role = wanted(pod);
+        if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role)
+            && pod.annotations().get(SYNCHRONOUS_STANDBYS).map(String::as_str) == Some(synchronous)
+        {
             continue;
         }
-        let patch = json!({"metadata": {"labels": {names::ROLE_LABEL: role}}});
+        let patch = json!({"metadata": {"labels": {names::ROLE_LABEL: role}, "annotations": {SYNCHRONOUS_STANDBYS: synchronous}}});
         if applier.merge_patch::<Pod>(&pod.name_any(), &patch, "label").await {
             tracing::info!(namespace = ?pod.namespace(), pod = %pod.name_any(), role, "labelled pod role");
         }
@@ -254,8 +386,16 @@ mod tests {
             jobs: cache(cached.jobs),
             claims: cache(cached.claims),
             pods: cache(vec![]),
+            service_accounts: cache(vec![]),
+            roles: cache(vec![]),
+            role_bindings: cache(vec![]),
         };
-        Arc::new(MyDatabaseReconciler { ctx: Context::new(client, Arc::new(Metrics::default())), caches })
+        Arc::new(MyDatabaseReconciler {
+            ctx: Context::new(client, Arc::new(Metrics::default()), crate::runtime::Settings::default()),
+            caches,
+            failovers: Default::default(),
+            last_failovers: Default::default(),
+        })
     }
 
     fn stamped<K: kube::Resource + serde::Serialize>(mut object: K) -> K {
@@ -321,6 +461,9 @@ mod tests {
             [
                 "secrets/production-db-credentials",
                 "configmaps/production-db-scripts",
+                "serviceaccounts/production-db-instance",
+                "roles/production-db-instance",
+                "rolebindings/production-db-instance",
                 "services/production-db-headless",
                 "services/production-db-rw",
                 "services/production-db-ro",
@@ -401,7 +544,7 @@ mod tests {
     #[tokio::test]
     async fn reconcile_waits_for_a_storage_change_without_an_error() {
         let mut db = held();
-        let mut existing = stamped(statefulset::build(&db).expect("builds"));
+        let mut existing = stamped(statefulset::build(&db, &crate::runtime::Settings::default()).expect("builds"));
         existing.metadata.uid = Some("old-sts".into());
         db.spec.storage = "200Gi".into();
         let (api, client) = FakeApi::new(&db);

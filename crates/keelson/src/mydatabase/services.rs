@@ -49,11 +49,6 @@ pub fn build(db: &MyDatabase) -> Result<[Service; 3]> {
     ])
 }
 
-/// The role a pod should carry: ordinal 0 is the primary.
-pub fn role_of_pod(pod_name: &str) -> &'static str {
-    if pod_name.rsplit('-').next() == Some("0") { PRIMARY } else { REPLICA }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,12 +64,5 @@ mod tests {
         assert_eq!(role(&rw).as_deref(), Some("primary"));
         assert_eq!(role(&ro).as_deref(), Some("replica"));
         assert_eq!(rw.metadata.name.as_deref(), Some("production-db-rw"));
-    }
-
-    #[test]
-    fn pod_zero_is_primary() {
-        assert_eq!(role_of_pod("production-db-0"), PRIMARY);
-        assert_eq!(role_of_pod("production-db-1"), REPLICA);
-        assert_eq!(role_of_pod("db-10"), REPLICA);
     }
 }

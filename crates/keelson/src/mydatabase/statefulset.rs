@@ -5,10 +5,11 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
-    KeyToPath, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity,
-    PodSpec, PodTemplateSpec, Probe, SecretKeySelector, SecretVolumeSource, Volume, VolumeMount,
-    VolumeResourceRequirements, WeightedPodAffinityTerm,
+    Affinity, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIProjection,
+    DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec,
+    Probe, ProjectedVolumeSource, SecretKeySelector, SecretVolumeSource, ServiceAccountTokenProjection, Volume,
+    VolumeMount, VolumeProjection, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -17,7 +18,7 @@ use super::credentials::{PASSWORD_KEY, REPLICATION_PASSWORD_KEY};
 use super::names::{self, APP_DB, APP_USER, PORT};
 use crate::Result;
 use crate::api::MyDatabase;
-use crate::runtime::{drift, security};
+use crate::runtime::{Settings, drift, security};
 
 /// The official image runs as `postgres`, uid 999.
 pub const POSTGRES_UID: i64 = 999;
@@ -149,30 +150,119 @@ pub fn data_claim(db: &MyDatabase, name: &str) -> PersistentVolumeClaim {
     }
 }
 
+/// Where the instance manager's binary is copied to, in each pod.
+const MANAGER_DIR: &str = "/keelson";
+/// Where in-cluster clients look for their ServiceAccount's token.
+const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The instance manager (`crate::instance`): copied out of the operator's
+/// image by an init container, run beside PostgreSQL from the PostgreSQL
+/// image (it asks the server through `psql` on the shared socket).
+fn instance_manager(db: &MyDatabase, settings: &Settings) -> (Container, Container) {
+    let install = Container {
+        name: "install-instance-manager".into(),
+        image: Some(settings.instance_image.clone()),
+        // The image's binary is /keelson itself: the folder goes elsewhere here.
+        command: Some(vec!["/keelson".into(), "instance".into(), "install".into(), "/install/keelson".into()]),
+        security_context: Some(security::restricted_container()),
+        volume_mounts: Some(vec![mount("instance-manager", "/install")]),
+        ..Default::default()
+    };
+    let run = Container {
+        name: "instance-manager".into(),
+        image: Some(image(db)),
+        command: Some(vec![format!("{MANAGER_DIR}/keelson"), "instance".into(), "run".into()]),
+        env: Some(vec![
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+            env("PGHOST", "/var/run/postgresql"),
+            env("PGPORT", PORT.to_string()),
+        ]),
+        security_context: Some(security::restricted_container()),
+        volume_mounts: Some(vec![
+            // It writes the operator's orders here for PostgreSQL's container.
+            mount("instance-manager", MANAGER_DIR),
+            mount("run", "/var/run/postgresql"),
+            VolumeMount { read_only: Some(true), ..mount("instance-token", TOKEN_DIR) },
+        ]),
+        ..Default::default()
+    };
+    (install, run)
+}
+
+/// The ServiceAccount token, for the instance manager's container only.
+fn instance_token_volume() -> Volume {
+    Volume {
+        name: "instance-token".into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![
+                VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        path: "token".into(),
+                        expiration_seconds: Some(3607),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: "kube-root-ca.crt".into(),
+                        items: Some(vec![KeyToPath { key: "ca.crt".into(), path: "ca.crt".into(), mode: None }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: "namespace".into(),
+                            field_ref: Some(ObjectFieldSelector {
+                                field_path: "metadata.namespace".into(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }]),
+                    }),
+                    ..Default::default()
+                },
+            ]),
+            default_mode: Some(0o440),
+        }),
+        ..Default::default()
+    }
+}
+
 /// Builds the desired StatefulSet for `db`.
-pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
+pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
     let labels = names::labels(db, "database");
     let container = Container {
         name: "postgres".into(),
         image: Some(image(db)),
         command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "start".into()]),
         env: Some(
-            vec![EnvVar {
-                name: "POD_NAME".into(),
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector { field_path: "metadata.name".into(), ..Default::default() }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }]
-            .into_iter()
-            .chain(instance_env(db))
-            .chain([
-                env("PRIMARY_HOST", names::primary_host(db)),
-                env("PRIMARY_PORT", PORT.to_string()),
-                env("CREDENTIALS_DIR", CREDENTIALS_MOUNT),
-            ])
-            .collect(),
+            vec![field_env("POD_NAME", "metadata.name")]
+                .into_iter()
+                .chain(instance_env(db))
+                .chain([
+                    // Whichever pod is the primary: replicas clone, stream and rejoin through -rw.
+                    env("PRIMARY_HOST", names::rw_service(db)),
+                    env("PRIMARY_PORT", PORT.to_string()),
+                    env("CREDENTIALS_DIR", CREDENTIALS_MOUNT),
+                    // The operator's orders (role, synchronous standbys), from the instance manager.
+                    env("ORDERS_DIR", MANAGER_DIR),
+                ])
+                .collect(),
         ),
         ports: Some(vec![ContainerPort {
             name: Some("postgresql".into()),
@@ -188,6 +278,7 @@ pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
         volume_mounts: Some(vec![
             mount("data", DATA_MOUNT),
             mount("scripts", "/scripts"),
+            VolumeMount { read_only: Some(true), ..mount("instance-manager", MANAGER_DIR) },
             mount("run", "/var/run/postgresql"),
             mount("tmp", "/tmp"),
             VolumeMount { read_only: Some(true), ..mount("credentials", CREDENTIALS_MOUNT) },
@@ -209,6 +300,7 @@ pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
         ..Default::default()
     };
     let claim = data_claim(db, "data");
+    let (install_manager, run_manager) = instance_manager(db, settings);
     Ok(StatefulSet {
         metadata: names::owned_meta(db, names::statefulset(db), "database")?,
         spec: Some(StatefulSetSpec {
@@ -233,8 +325,18 @@ pub fn build(db: &MyDatabase) -> Result<StatefulSet> {
                     security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
                     affinity: Some(Affinity { pod_anti_affinity: Some(anti_affinity), ..Default::default() }),
                     termination_grace_period_seconds: Some(30),
-                    containers: vec![container],
-                    volumes: Some(vec![scripts_volume(db), credentials_volume(db), empty_dir("run"), empty_dir("tmp")]),
+                    service_account_name: Some(names::instance_access(db)),
+                    automount_service_account_token: Some(false),
+                    init_containers: Some(vec![install_manager]),
+                    containers: vec![container, run_manager],
+                    volumes: Some(vec![
+                        scripts_volume(db),
+                        credentials_volume(db),
+                        empty_dir("run"),
+                        empty_dir("tmp"),
+                        empty_dir("instance-manager"),
+                        instance_token_volume(),
+                    ]),
                     ..Default::default()
                 }),
             },
@@ -293,7 +395,7 @@ mod tests {
 
     #[test]
     fn statefulset_runs_the_tutorial_database_safely() {
-        let sts = build(&sample()).expect("builds");
+        let sts = build(&sample(), &Settings::default()).expect("builds");
         let spec = sts.spec.as_ref().expect("spec");
         assert_eq!(spec.replicas, Some(3));
         assert_eq!(spec.service_name.as_deref(), Some("production-db-headless"));
@@ -310,7 +412,27 @@ mod tests {
         let password = env.iter().find(|e| e.name == "APP_PASSWORD").expect("password env");
         assert!(password.value.is_none(), "passwords come from the Secret, never inline");
         let primary = env.iter().find(|e| e.name == "PRIMARY_HOST").and_then(|e| e.value.clone());
-        assert_eq!(primary.as_deref(), Some("production-db-0.production-db-headless"));
+        assert_eq!(primary.as_deref(), Some("production-db-rw"), "the primary is whichever pod -rw selects");
+    }
+
+    #[test]
+    fn the_instance_manager_comes_from_the_operator_image_and_alone_holds_a_token() {
+        let settings = Settings { instance_image: "keelson:dev-1".into() };
+        let sts = build(&sample(), &settings).expect("builds");
+        let pod = sts.spec.and_then(|s| s.template.spec).expect("pod");
+        let install = &pod.init_containers.as_ref().expect("init containers")[0];
+        assert_eq!(install.image.as_deref(), Some("keelson:dev-1"));
+        assert_eq!(pod.service_account_name.as_deref(), Some("production-db-instance"));
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let with_token: Vec<&str> = pod
+            .containers
+            .iter()
+            .filter(|c| c.volume_mounts.iter().flatten().any(|m| m.name == "instance-token"))
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(with_token, ["instance-manager"]);
+        let manager = pod.containers.iter().find(|c| c.name == "instance-manager").expect("manager");
+        assert_eq!(manager.image.as_deref(), Some("postgres:15.2"), "it runs psql from the PostgreSQL image");
     }
 
     #[test]
@@ -323,7 +445,7 @@ mod tests {
     #[test]
     fn storage_grows_by_recreating_and_never_shrinks() {
         let mut db = sample();
-        let sts = build(&db).expect("builds");
+        let sts = build(&db, &Settings::default()).expect("builds");
         assert_eq!(storage_change(&db, Some(&sts)), StorageChange::None);
         assert_eq!(storage_change(&db, None), StorageChange::None);
         db.spec.storage = "200Gi".into();

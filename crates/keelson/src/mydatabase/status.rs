@@ -216,6 +216,7 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
     }
     let previous_conditions = previous.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let report = backups.last_success_job.as_deref().and_then(|job| backup_report(&observed.backup_pods, job));
+    let topology = super::instances::observe(&observed.pods);
     MyDatabaseStatus {
         phase: Some(phase),
         ready: is_ready,
@@ -233,6 +234,10 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
             .as_ref()
             .map(|r| r.size_bytes)
             .or_else(|| previous.and_then(|s| s.last_backup_size_bytes)),
+        current_primary: observed.primary.clone().or(topology.primary),
+        server_version: topology.server_version,
+        instance_statuses: topology.instances,
+        last_failover: observed.failover.clone().or_else(|| previous.and_then(|s| s.last_failover.clone())),
         credentials_secret: Some(names::credentials(db)),
         observed_generation: db.metadata.generation,
         conditions: merge_conditions(previous_conditions, &conditions, db.metadata.generation, now),
@@ -440,7 +445,8 @@ mod tests {
 
     #[test]
     fn growing_storage_is_said_in_a_condition_until_the_new_template_is_in_place() {
-        let mut grown = super::super::statefulset::build(&sample()).expect("builds");
+        let mut grown =
+            super::super::statefulset::build(&sample(), &crate::runtime::Settings::default()).expect("builds");
         grown.status = sts(3, 3).status;
         grown.metadata.generation = Some(1);
         let mut db = sample();

@@ -18,16 +18,31 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
     pub backoff: Backoff,
+    pub settings: Settings,
+}
+
+/// What the operator's flags say about the objects it builds.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The image MyDatabase pods copy the instance manager from: the operator's own.
+    pub instance_image: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self { instance_image: concat!("keelson:", env!("CARGO_PKG_VERSION")).into() }
+    }
 }
 
 impl Context {
-    pub fn new(client: Client, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(client: Client, metrics: Arc<Metrics>, settings: Settings) -> Arc<Self> {
         let reporter = Reporter { controller: "keelson".into(), instance: std::env::var("POD_NAME").ok() };
         Arc::new(Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             metrics,
             backoff: Backoff::default(),
+            settings,
         })
     }
 

@@ -23,7 +23,7 @@ pub mod security;
 pub mod status;
 
 pub use apply::Applier;
-pub use context::{Context, FIELD_MANAGER};
+pub use context::{Context, FIELD_MANAGER, Settings};
 pub use metrics::Metrics;
 pub use outcome::{Invalid, Outcome};
 pub use pipeline::Reconciler;

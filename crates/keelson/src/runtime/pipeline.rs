@@ -54,7 +54,7 @@ pub trait Reconciler: Send + Sync + 'static {
     fn validate(object: &Self::Object, observed: &Self::Observed) -> Result<(), Invalid>;
 
     /// Stage 3: the desired children.
-    fn build(object: &Self::Object, observed: &Self::Observed) -> Result<Self::Desired>;
+    fn build(&self, object: &Self::Object, observed: &Self::Observed) -> Result<Self::Desired>;
 
     /// Stage 4: applies the desired children; returns what the cluster has now.
     fn apply(
@@ -124,7 +124,7 @@ pub async fn reconcile<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>
             observed
         }
         Ok(()) => {
-            let desired = R::build(&object, &observed)?; // 3. build
+            let desired = reconciler.build(&object, &observed)?; // 3. build
             reconciler.apply(&object, observed, desired, &applier).await // 4. apply
         }
     };

@@ -20,6 +20,14 @@ pub fn is_image_failure(reason: &str) -> bool {
     matches!(reason, "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName")
 }
 
+/// The pod's Ready condition is True.
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// How the containers of `pods` ended, for those that did: a Job's pod reports
 /// its outcome in the termination message.
 pub fn terminations<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> impl Iterator<Item = &'a ContainerStateTerminated> {

@@ -50,7 +50,7 @@ impl Reconciler for WebAppReconciler {
         Ok(())
     }
 
-    fn build(app: &WebApp, _observed: &Observed) -> Result<Desired> {
+    fn build(&self, app: &WebApp, _observed: &Observed) -> Result<Desired> {
         Ok(Desired { deployment: deployment::build(app)?, service: service::build(app)? })
     }
 
@@ -114,7 +114,7 @@ mod tests {
     }
 
     fn reconciler(client: kube::Client, deployments: Vec<Deployment>, services: Vec<Service>) -> Arc<WebAppReconciler> {
-        let ctx = Context::new(client, Arc::new(Metrics::default()));
+        let ctx = Context::new(client, Arc::new(Metrics::default()), crate::runtime::Settings::default());
         Arc::new(WebAppReconciler {
             ctx,
             caches: Caches { deployments: cache(deployments), services: cache(services) },

@@ -13,7 +13,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use keelson::manifests;
 use keelson::runtime::health::Readiness;
-use keelson::runtime::{Context, Metrics};
+use keelson::runtime::{Context, Metrics, Settings};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::conditions;
 use kube::runtime::wait::await_condition;
@@ -21,6 +21,28 @@ use testkit::{Cluster, TestNamespace};
 use tokio::sync::watch;
 
 pub const OPERATOR_SA: &str = "keelson";
+
+/// The operator's image for MyDatabase pods' instance manager: this build's
+/// `keelson` binary, imported into the real node once per build
+/// (`hack/cluster.sh keelson-image`); `KEELSON_INSTANCE_IMAGE` overrides it.
+pub fn instance_image() -> anyhow::Result<String> {
+    static IMAGE: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    let made = IMAGE.get_or_init(|| {
+        if let Ok(image) = std::env::var("KEELSON_INSTANCE_IMAGE") {
+            return Ok(image);
+        }
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../hack/cluster.sh");
+        let output = std::process::Command::new(script)
+            .args(["keelson-image", env!("CARGO_BIN_EXE_keelson")])
+            .output()
+            .map_err(|e| format!("cannot run {script}: {e}"))?;
+        if !output.status.success() {
+            return Err(format!("{script} keelson-image failed: {}", String::from_utf8_lossy(&output.stderr)));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+    });
+    made.clone().map_err(anyhow::Error::msg)
+}
 
 /// Installs the generated CRDs and ClusterRole (idempotent, safe in parallel).
 pub async fn install(cluster: &Cluster) -> anyhow::Result<()> {
@@ -162,7 +184,7 @@ impl TestOperator {
     ) -> anyhow::Result<Self> {
         let client = cluster.client_as_service_account(&home.name, OPERATOR_SA)?;
         let metrics = Arc::new(Metrics::default());
-        let ctx = Context::new(client, metrics.clone());
+        let ctx = Context::new(client, metrics.clone(), Settings { instance_image: instance_image()? });
         let readiness = Readiness::default();
         let (stop, stop_rx) = watch::channel(false);
         let task =

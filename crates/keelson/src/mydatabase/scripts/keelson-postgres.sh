@@ -3,12 +3,18 @@
 # The operator ships this file in the `<name>-scripts` ConfigMap; the tests
 # run the same file against a real PostgreSQL on 127.0.0.1.
 #
-#   keelson-postgres.sh start          pod entry point: init as primary (ordinal 0) or
-#                                      as a streaming replica of it, then run postgres
+#   keelson-postgres.sh start          pod entry point: waits for the role the operator
+#                                      chose ($ORDERS_DIR/role), sets the data up for it
+#                                      (new primary, clone, or rejoin after a failover),
+#                                      then runs postgres and follows later orders
 #   keelson-postgres.sh init-primary   initdb + app database, user and replication role
 #   keelson-postgres.sh init-replica   pg_basebackup from $PRIMARY_HOST, standby config
 #   keelson-postgres.sh apply-credentials   set the roles' passwords (primary) or the
 #                                      streaming password (replica) from $CREDENTIALS_DIR
+#   keelson-postgres.sh rejoin         a former primary's data made a replica of
+#                                      $PRIMARY_HOST: pg_rewind, else a fresh clone
+#   keelson-postgres.sh follow-orders  once: promote, step down, or set the synchronous
+#                                      standbys as $ORDERS_DIR says (start runs it in a loop)
 #   keelson-postgres.sh ready          readiness: the primary accepts connections; a
 #                                      replica also streams from the primary
 #   keelson-postgres.sh backup         pg_dump of $APP_DB into $BACKUP_DIR (from a replica
@@ -22,7 +28,8 @@
 # REPLICATION_USER, REPLICATION_PASSWORD, PRIMARY_HOST, PRIMARY_PORT,
 # BACKUP_DIR, BACKUP_SOURCE_HOST, TERMINATION_LOG, RETENTION (e.g. 7d, 12h, 4w), PGBIN (folder of the PostgreSQL
 # binaries, default: from PATH), POD_NAME (for `start`), PGHOST (the local
-# socket folder for `ready`, default /var/run/postgresql).
+# socket folder for `ready`, default /var/run/postgresql), ORDERS_DIR (the
+# files the instance manager writes from the pod: `role`, `synchronous-standbys`).
 set -euo pipefail
 
 PGPORT="${PGPORT:-5432}"
@@ -65,6 +72,12 @@ max_wal_senders = 10
 hot_standby = on
 wal_keep_size = '256MB'
 password_encryption = 'scram-sha-256'
+# pg_rewind can bring a former primary back as a replica.
+wal_log_hints = on
+# After a failover, replicas find the new primary within a second or two.
+wal_retrieve_retry_interval = '1s'
+wal_receiver_timeout = '10s'
+wal_sender_timeout = '10s'
 CONF
   cat > "$PGDATA/pg_hba.conf" <<HBA
 local all all trust
@@ -81,6 +94,14 @@ CREATE ROLE :"repl_user" REPLICATION LOGIN PASSWORD :'repl_password';
 -- Backups run as the app role: it reads every table, whoever created it (PostgreSQL 14+).
 SELECT format('GRANT pg_read_all_data TO %I', :'app_user')
   WHERE current_setting('server_version_num')::int >= 140000 \gexec
+-- What pg_rewind reads from the new primary, granted to the replication role.
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_ls_dir(text, boolean, boolean) TO :"repl_user";
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_stat_file(text, boolean) TO :"repl_user";
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text) TO :"repl_user";
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) TO :"repl_user";
+-- ... and a checkpoint first, so that a just-promoted primary's control file names its timeline (PostgreSQL 15+).
+SELECT format('GRANT pg_checkpoint TO %I', :'repl_user')
+  WHERE current_setting('server_version_num')::int >= 150000 \gexec
 SQL
   stop_private
   log "primary initialised"
@@ -146,14 +167,130 @@ init_replica() {
   log "replica initialised; it streams from $PRIMARY_HOST"
 }
 
+# A former primary (its data is not a standby's) made a replica of
+# $PRIMARY_HOST: pg_rewind undoes what it wrote after the new primary's
+# timeline forked; when that cannot be done, a fresh clone replaces it.
+rejoin() {
+  need PGDATA; need PRIMARY_HOST; need REPLICATION_PASSWORD
+  local marker; marker="$(rejoin_marker)"
+  if [[ -f "$marker" ]]; then
+    # The last rejoin never reached streaming: its data is not to be trusted.
+    log "the previous rejoin did not stream; cloning $PRIMARY_HOST afresh"
+    rm -rf "$PGDATA" "$marker"
+    init_replica
+    return
+  fi
+  log "rejoining as a replica of $PRIMARY_HOST"
+  until "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; do sleep 0.5; done
+  local source="host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres"
+  PGPASSWORD="$REPLICATION_PASSWORD" "$(bin psql)" -X -q -d "$source" -c CHECKPOINT 2>/dev/null \
+    || log "could not ask $PRIMARY_HOST for a checkpoint"
+  if PGPASSWORD="$REPLICATION_PASSWORD" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
+      --write-recovery-conf 2>&1 | sed 's/^/pg_rewind: /' >&2; then
+    # Also when no rewind was needed (same timeline): this data follows the primary now.
+    touch "$PGDATA/standby.signal" "$marker"
+    log "rewound; it streams from $PRIMARY_HOST"
+  else
+    log "pg_rewind failed; cloning $PRIMARY_HOST afresh"
+    rm -rf "$PGDATA"
+    init_replica
+  fi
+}
+
+# Present from a rewind until the replica streams (follow_orders removes it).
+rejoin_marker() { echo "$(dirname "$PGDATA")/keelson-rejoining"; }
+# Set when a replica cannot follow the primary's timeline: the next start rewinds it.
+rewind_flag() { echo "$(dirname "$PGDATA")/keelson-rewind"; }
+
+# Waits for the role the operator chose for this pod (the instance manager
+# writes it from the pod's label), then sets the data up for it.
 start() {
-  need POD_NAME
-  local ordinal="${POD_NAME##*-}"
-  if [[ "$ordinal" == "0" ]]; then init_primary; else init_replica; fi
+  need POD_NAME; need ORDERS_DIR
+  local role waited=0
+  until role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" && [[ "$role" == primary || "$role" == replica ]]; do
+    (( waited++ % 50 == 0 )) && log "waiting for the operator to choose this pod's role ($ORDERS_DIR/role)"
+    sleep 0.2
+  done
+  log "role: $role"
+  if [[ "$role" == primary ]]; then
+    # A replica chosen while it was down starts as the primary: out of recovery, next timeline.
+    if [[ -s "$PGDATA/PG_VERSION" ]]; then rm -f "$PGDATA/standby.signal"; else init_primary; fi
+  elif [[ ! -s "$PGDATA/PG_VERSION" ]]; then
+    init_replica
+  elif [[ ! -f "$PGDATA/standby.signal" || -f "$(rewind_flag)" ]]; then
+    rm -f "$(rewind_flag)"
+    rejoin
+  fi
   # As the official image does: a volume's group permissions must not stop the server.
   chmod 700 "$PGDATA"
+  follow_orders_loop &
   watch_credentials &
-  exec "$(bin postgres)" -D "$PGDATA" -p "$PGPORT"
+  # cluster_name names a replica to its primary (the WAL receiver's
+  # application_name): pg_stat_replication and the instance reports go by pod.
+  exec "$(bin postgres)" -D "$PGDATA" -p "$PGPORT" -c cluster_name="$POD_NAME"
+}
+
+# The operator's later orders, once PostgreSQL runs: promote a replica chosen
+# as primary; stop a primary that was stepped down (the pod's container
+# restarts and `start` rejoins it as a replica: never two primaries); set
+# the primary's synchronous standbys.
+follow_orders() {
+  local socket="${PGHOST:-/var/run/postgresql}" role in_recovery wanted current
+  local sql=("$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
+  role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" || return 0
+  in_recovery="$("${sql[@]}" -c 'SELECT pg_is_in_recovery()' 2>/dev/null)" || return 0
+  if [[ "$role" == primary && "$in_recovery" == t ]]; then
+    log "chosen as the primary: promoting"
+    # The checkpoint puts the new timeline in the control file at once: a
+    # former primary's pg_rewind reads it from there.
+    "${sql[@]}" -c 'SELECT pg_promote(true, 30)' -c 'CHECKPOINT' >/dev/null || log "promotion failed"
+  elif [[ "$role" == replica && "$in_recovery" == f ]]; then
+    log "no longer the primary: stopping; it comes back as a replica"
+    "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null || true
+    return 0
+  elif [[ -f "$(rejoin_marker)" ]] \
+      && [[ "$("${sql[@]}" -c "SELECT count(*) FROM pg_stat_wal_receiver WHERE status = 'streaming'")" == 1 ]]; then
+    rm -f "$(rejoin_marker)"
+    log "rejoined: streaming"
+  fi
+  wanted="$(cat "$ORDERS_DIR/synchronous-standbys" 2>/dev/null)" || return 0
+  current="$("${sql[@]}" -c 'SHOW synchronous_standby_names')" || return 0
+  if [[ "$wanted" != "$current" ]]; then
+    "${sql[@]}" -v value="$wanted" >/dev/null <<'SQL' && log "synchronous_standby_names = '$wanted'"
+ALTER SYSTEM SET synchronous_standby_names = :'value';
+SELECT pg_reload_conf();
+SQL
+  fi
+}
+
+follow_orders_loop() {
+  local stalled_since="" now
+  while sleep "${ORDERS_POLL:-0.2}"; do
+    follow_orders || true
+    # A replica that replayed past the point where the new primary's timeline
+    # forked cannot stream from it, ever: after a while without streaming,
+    # while the primary answers, it stops to be rewound (see start).
+    now="$(date +%s)"
+    if follows_primary; then stalled_since=""; continue; fi
+    stalled_since="${stalled_since:-$now}"
+    if (( now - stalled_since >= ${STALL_SECONDS:-20} )) \
+        && "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; then
+      log "not streaming for $((now - stalled_since))s while $PRIMARY_HOST answers: stopping to rewind"
+      touch "$(rewind_flag)"
+      "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null || true
+      return 0
+    fi
+  done
+}
+
+# True unless this is a replica that does not stream (a primary, or a server
+# not up yet, counts as following).
+follows_primary() {
+  local state
+  state="$("$(bin psql)" -X -At -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres -d postgres -c \
+    "SELECT pg_is_in_recovery() AND NOT EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming')" 2>/dev/null)" \
+    || return 0
+  [[ "$state" != t ]]
 }
 
 # Password rotation without restarts: the credentials Secret is mounted as
@@ -278,9 +415,11 @@ case "${1:-}" in
   init-replica) init_replica ;;
   ready) ready ;;
   apply-credentials) need CREDENTIALS_DIR; apply_credentials "$CREDENTIALS_DIR" ;;
+  rejoin) rejoin ;;
+  follow-orders) need ORDERS_DIR; follow_orders ;;
   backup) backup ;;
   prune) prune ;;
   restore) shift; restore "$@" ;;
   restore-new) restore_new ;;
-  *) echo "usage: $0 start|init-primary|init-replica|ready|apply-credentials|backup|prune|restore FILE|restore-new" >&2; exit 2 ;;
+  *) echo "usage: $0 start|init-primary|init-replica|rejoin|follow-orders|ready|apply-credentials|backup|prune|restore FILE|restore-new" >&2; exit 2 ;;
 esac

@@ -1,0 +1,246 @@
+//! The instance manager: `keelson instance run` beside PostgreSQL in each
+//! MyDatabase pod. It looks at the local server over the pod's socket and
+//! reports what it sees on its own pod (`api::instance`), so that the
+//! operator learns roles, positions and versions from its pod cache without
+//! ever connecting to a pod. `keelson instance install` copies this binary
+//! into the pod (an init container of the operator's image, as CloudNativePG
+//! does), so the PostgreSQL image needs nothing of ours.
+//!
+//! Writes are few: a report goes out when something other than a position
+//! changed, positions alone at most every `POSITIONS_EVERY`, and nothing while
+//! the server is idle.
+//!
+//! It also watches its own pod for what the operator decides: the role label
+//! and the synchronous standbys, which it writes as files into the folder
+//! PostgreSQL's container shares (`role`, `synchronous-standbys`), where
+//! `keelson-postgres.sh` acts on them (promote, step down, reconfigure); and
+//! the position request of a failover, which it answers at once.
+
+pub mod probe;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::api::instance::{ANNOTATION, InstanceReport, POSITION_REQUEST, ROLE_LABEL, SYNCHRONOUS_STANDBYS};
+use probe::Server;
+
+pub const FIELD_MANAGER: &str = "keelson-instance";
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+const POSITIONS_EVERY: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    #[error("{0} is not set (the pod's downward API gives it)")]
+    MissingEnv(&'static str),
+    #[error("cannot reach the API server: {0}")]
+    Client(#[source] kube::Error),
+    #[error("cannot write {path}: {source}")]
+    Orders {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot copy {from} to {to}: {source}")]
+    Install {
+        from: String,
+        to: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// This pod's name.
+    #[arg(long, env = "POD_NAME")]
+    pub pod: Option<String>,
+    /// This pod's namespace.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The local server's socket folder.
+    #[arg(long, env = "PGHOST", default_value = "/var/run/postgresql")]
+    pub socket_dir: String,
+    #[arg(long, env = "PGPORT", default_value_t = 5432)]
+    pub port: u16,
+    /// The folder of psql; empty: from PATH.
+    #[arg(long, env = "PGBIN", default_value = "")]
+    pub bin_dir: String,
+    /// Where the operator's decisions are written for PostgreSQL's container.
+    #[arg(long, env = "ORDERS_DIR", default_value = "/keelson")]
+    pub orders_dir: std::path::PathBuf,
+}
+
+/// Writes what the operator decided for this pod as files, when it changed.
+fn write_orders(dir: &Path, pod: &Pod) -> Result<(), InstanceError> {
+    let orders =
+        [("role", pod.labels().get(ROLE_LABEL)), ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS))];
+    for (file, value) in orders {
+        let Some(value) = value else { continue };
+        let path = dir.join(file);
+        if std::fs::read_to_string(&path).ok().as_deref() == Some(value.as_str()) {
+            continue;
+        }
+        let error = |source| InstanceError::Orders { path: path.display().to_string(), source };
+        let partial = dir.join(format!(".{file}.partial"));
+        std::fs::write(&partial, value).map_err(error)?;
+        std::fs::rename(&partial, &path).map_err(error)?;
+        tracing::info!(file, value = value.as_str(), "new order from the operator");
+    }
+    Ok(())
+}
+
+/// Decides which looks become reports.
+#[derive(Default)]
+pub struct Reporter {
+    last: Option<(InstanceReport, Instant)>,
+}
+
+impl Reporter {
+    /// The report to send for what was just seen, if any.
+    pub fn consider(&mut self, seen: &InstanceReport, now: Instant) -> bool {
+        let send = match &self.last {
+            None => true,
+            Some((last, _)) if !last.same_shape(seen) => true,
+            Some((last, at)) => last != seen && now.duration_since(*at) >= POSITIONS_EVERY,
+        };
+        if send {
+            self.last = Some((seen.clone(), now));
+        }
+        send
+    }
+
+    /// The API server refused the report: send it again next time.
+    pub fn forget(&mut self) {
+        self.last = None;
+    }
+}
+
+/// Runs until SIGTERM: look, report what changed, wait.
+pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
+    let pod = args.pod.ok_or(InstanceError::MissingEnv("POD_NAME"))?;
+    let namespace = args.namespace.ok_or(InstanceError::MissingEnv("POD_NAMESPACE"))?;
+    let client = Client::try_default().await.map_err(InstanceError::Client)?;
+    let pods: Api<Pod> = Api::namespaced(client, &namespace);
+    let server = Server { socket_dir: args.socket_dir, port: args.port, bin_dir: args.bin_dir };
+    let mut reporter = Reporter::default();
+    let mut failing_since: Option<Instant> = None;
+    // The position request answered last (sticky in every later report).
+    let mut answering: Option<String> = None;
+    tracing::info!(namespace, pod, "instance manager started");
+    let own_pod = watcher::Config::default().fields(&format!("metadata.name={pod}"));
+    let mut orders = watcher(pods.clone(), own_pod).default_backoff().applied_objects().boxed();
+    let stop = crate::operator::termination_signal();
+    tokio::pin!(stop);
+    let mut tick = tokio::time::interval(LOOK_EVERY);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            _ = tick.tick() => {}
+            event = orders.next() => match event {
+                Some(Ok(own)) => {
+                    write_orders(&args.orders_dir, &own)?;
+                    let request = own.annotations().get(POSITION_REQUEST).cloned();
+                    if request.is_none() || request == answering {
+                        continue;
+                    }
+                    answering = request;
+                    tracing::info!(namespace, pod, request = ?answering, "position requested");
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(namespace, pod, %error, "watching this pod failed; retrying");
+                    continue;
+                }
+                None => return Ok(()),
+            },
+        }
+        match server.probe(Duration::from_secs(5)).await {
+            Ok(mut seen) => {
+                failing_since = None;
+                seen.answering = answering.clone();
+                if reporter.consider(&seen, Instant::now()) {
+                    let patch = json!({"metadata": {"annotations": {ANNOTATION: serde_json::to_string(&seen).unwrap_or_default()}}});
+                    match pods.patch(&pod, &PatchParams::apply(FIELD_MANAGER), &Patch::Merge(&patch)).await {
+                        Ok(_) => tracing::debug!(namespace, pod, role = ?seen.role, lsn = seen.lsn, "reported"),
+                        Err(error) => {
+                            tracing::warn!(namespace, pod, %error, "could not report");
+                            reporter.forget();
+                        }
+                    }
+                }
+            }
+            // Starting, restarting or recovering: the pod's readiness says so already.
+            Err(error) => {
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= Duration::from_secs(30) {
+                    tracing::warn!(namespace, pod, %error, "PostgreSQL does not answer");
+                    failing_since = Some(Instant::now());
+                }
+            }
+        }
+    }
+}
+
+/// Copies the running binary to `to` (an emptyDir the PostgreSQL container mounts).
+pub fn install(to: &Path) -> Result<(), InstanceError> {
+    let from = std::env::current_exe().map_err(|source| InstanceError::Install {
+        from: "the running binary".into(),
+        to: to.display().to_string(),
+        source,
+    })?;
+    let error =
+        |source| InstanceError::Install { from: from.display().to_string(), to: to.display().to_string(), source };
+    let partial = to.with_extension("partial");
+    std::fs::copy(&from, &partial).map_err(error)?;
+    std::fs::rename(&partial, to).map_err(error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::instance::{ReplicaReport, Role};
+
+    fn primary(lsn: &str, lag: i64) -> InstanceReport {
+        InstanceReport {
+            role: Role::Primary,
+            server_version: "15.18".into(),
+            timeline: 1,
+            lsn: lsn.into(),
+            received_lsn: None,
+            streaming: false,
+            answering: None,
+            replicas: vec![ReplicaReport { name: "db-1".into(), state: "streaming".into(), lag_bytes: Some(lag) }],
+        }
+    }
+
+    #[test]
+    fn positions_alone_are_reported_at_most_every_few_seconds() {
+        let mut reporter = Reporter::default();
+        let start = Instant::now();
+        assert!(reporter.consider(&primary("0/100", 0), start), "the first look is reported");
+        assert!(!reporter.consider(&primary("0/100", 0), start + Duration::from_secs(60)), "nothing changed");
+        assert!(!reporter.consider(&primary("0/200", 64), start + Duration::from_secs(1)), "too soon");
+        assert!(reporter.consider(&primary("0/200", 64), start + POSITIONS_EVERY), "positions moved");
+    }
+
+    #[test]
+    fn a_new_role_or_a_lost_replica_is_reported_at_once() {
+        let mut reporter = Reporter::default();
+        let start = Instant::now();
+        assert!(reporter.consider(&primary("0/100", 0), start));
+        let mut alone = primary("0/100", 0);
+        alone.replicas.clear();
+        assert!(reporter.consider(&alone, start + Duration::from_millis(10)));
+        let replica = InstanceReport { role: Role::Replica, streaming: true, replicas: vec![], ..primary("0/100", 0) };
+        assert!(reporter.consider(&replica, start + Duration::from_millis(20)));
+        reporter.forget();
+        assert!(reporter.consider(&replica, start + Duration::from_millis(30)), "a refused report is sent again");
+    }
+}

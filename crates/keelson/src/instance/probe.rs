@@ -1,0 +1,112 @@
+//! One look at the local PostgreSQL: a single query over the pod's socket
+//! (`psql`, from the PostgreSQL image the manager runs in), answering with
+//! the JSON of an `InstanceReport`.
+
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use crate::api::instance::InstanceReport;
+
+/// Role, version, timeline (a replica: the one it receives) and positions in one snapshot. On a primary,
+/// `pg_stat_replication` names each replica by its `application_name` (its
+/// pod, see `keelson-postgres.sh`) with the WAL it has not replayed yet.
+pub const QUERY: &str = r#"
+SELECT json_build_object(
+  'role', CASE WHEN pg_is_in_recovery() THEN 'replica' ELSE 'primary' END,
+  'serverVersion', split_part(current_setting('server_version'), ' ', 1),
+  'timeline', CASE WHEN pg_is_in_recovery()
+      THEN coalesce((SELECT received_tli FROM pg_stat_wal_receiver), (SELECT timeline_id FROM pg_control_checkpoint()))
+      ELSE (SELECT timeline_id FROM pg_control_checkpoint()) END,
+  'lsn', CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
+  -- After its WAL receiver restarts, the received position starts again at a segment's
+  -- beginning: what was replayed counts as well.
+  'receivedLsn', CASE WHEN pg_is_in_recovery()
+      THEN greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) END,
+  'streaming', EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
+  'replicas', (SELECT coalesce(json_agg(json_build_object(
+       'name', application_name,
+       'state', state,
+       'lagBytes', pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint) ORDER BY application_name), '[]')
+     FROM pg_stat_replication)
+)"#;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot run psql: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("psql timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("psql failed: {0}")]
+    Failed(String),
+    #[error("unexpected answer {answer:?}: {source}")]
+    Parse {
+        answer: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Where the local server listens: its socket folder and port.
+#[derive(Clone, Debug)]
+pub struct Server {
+    pub socket_dir: String,
+    pub port: u16,
+    /// The folder of `psql`; empty: from PATH.
+    pub bin_dir: String,
+}
+
+impl Server {
+    fn psql(&self) -> String {
+        if self.bin_dir.is_empty() { "psql".into() } else { format!("{}/psql", self.bin_dir) }
+    }
+
+    pub async fn probe(&self, timeout: Duration) -> Result<InstanceReport, ProbeError> {
+        let mut command = Command::new(self.psql());
+        command
+            .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "postgres"])
+            .args(["-h", &self.socket_dir, "-p", &self.port.to_string(), "-c", QUERY])
+            .env("PGCONNECT_TIMEOUT", "3")
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(timeout, command.output())
+            .await
+            .map_err(|_| ProbeError::Timeout(timeout))?
+            .map_err(ProbeError::Spawn)?;
+        if !output.status.success() {
+            return Err(ProbeError::Failed(String::from_utf8_lossy(&output.stderr).trim().to_string()));
+        }
+        parse(&String::from_utf8_lossy(&output.stdout))
+    }
+}
+
+pub fn parse(answer: &str) -> Result<InstanceReport, ProbeError> {
+    serde_json::from_str(answer.trim()).map_err(|source| ProbeError::Parse { answer: answer.trim().into(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::instance::Role;
+
+    #[test]
+    fn a_primary_answer_names_its_replicas_and_their_lag() {
+        let report = parse(
+            r#"{"role" : "primary", "serverVersion" : "15.18", "timeline" : 1, "lsn" : "0/3000148", "streaming" : false,
+                "replicas" : [{"name" : "db-1", "state" : "streaming", "lagBytes" : 0},
+                              {"name" : "db-2", "state" : "catchup", "lagBytes" : 8192}]}"#,
+        )
+        .expect("parses");
+        assert_eq!(report.role, Role::Primary);
+        assert_eq!(report.server_version, "15.18");
+        assert_eq!(report.replicas[1].lag_bytes, Some(8192));
+    }
+
+    #[test]
+    fn a_replica_that_never_replayed_has_no_position_and_is_refused() {
+        let error = parse(
+            r#"{"role":"replica","serverVersion":"15.18","timeline":1,"lsn":null,"streaming":false,"replicas":[]}"#,
+        )
+        .expect_err("no lsn");
+        assert!(error.to_string().contains("unexpected answer"), "{error}");
+    }
+}

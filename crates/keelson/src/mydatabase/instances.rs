@@ -1,0 +1,131 @@
+//! What the instances say about themselves: each pod's instance manager
+//! report (`api::instance`), read from the pod cache, made into the status's
+//! view of roles, the primary, replication lag and the running version.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use crate::api::instance::{ANNOTATION, InstanceReport, Role};
+use crate::api::mydatabase::InstanceStatus;
+use crate::runtime::pods;
+
+/// The report on `pod`, if its manager sent one that reads.
+pub fn report(pod: &Pod) -> Option<InstanceReport> {
+    serde_json::from_str(pod.annotations().get(ANNOTATION)?).ok()
+}
+
+/// The instances as status shows them.
+#[derive(Debug, Default, PartialEq)]
+pub struct Topology {
+    pub instances: Vec<InstanceStatus>,
+    pub primary: Option<String>,
+    pub server_version: Option<String>,
+}
+
+pub fn observe(pods: &[Pod]) -> Topology {
+    let reports: Vec<(&Pod, Option<InstanceReport>)> = pods.iter().map(|pod| (pod, report(pod))).collect();
+    // A pod on its way out no longer serves, whatever it last said.
+    let primary = reports
+        .iter()
+        .filter(|(pod, _)| pod.metadata.deletion_timestamp.is_none())
+        .filter_map(|(pod, report)| Some((*pod, report.as_ref().filter(|r| r.role == Role::Primary)?)))
+        .max_by_key(|(_, report)| report.timeline);
+    let lag_of = |name: &str| {
+        primary.and_then(|(_, report)| report.replicas.iter().find(|r| r.name == name).and_then(|r| r.lag_bytes))
+    };
+    let mut instances: Vec<InstanceStatus> = reports
+        .iter()
+        .map(|(pod, report)| InstanceStatus {
+            name: pod.name_any(),
+            role: report.as_ref().map(|r| r.role),
+            ready: pods::is_ready(pod),
+            lag_bytes: match report {
+                Some(r) if r.role == Role::Replica => lag_of(&pod.name_any()),
+                _ => None,
+            },
+            timeline: report.as_ref().map(|r| r.timeline),
+        })
+        .collect();
+    instances.sort_by(|a, b| a.name.cmp(&b.name));
+    Topology {
+        instances,
+        primary: primary.map(|(pod, _)| pod.name_any()),
+        server_version: primary
+            .map(|(_, r)| r.server_version.clone())
+            .or_else(|| reports.iter().find_map(|(_, r)| r.as_ref().map(|r| r.server_version.clone()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::instance::ReplicaReport;
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+
+    fn pod(name: &str, ready: bool, report: Option<&InstanceReport>) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(name.into());
+        if let Some(report) = report {
+            pod.metadata.annotations =
+                Some([(ANNOTATION.to_string(), serde_json::to_string(report).expect("serializes"))].into());
+        }
+        pod.status = Some(PodStatus {
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        pod
+    }
+
+    fn primary() -> InstanceReport {
+        InstanceReport {
+            role: Role::Primary,
+            server_version: "15.18".into(),
+            timeline: 1,
+            lsn: "0/3000000".into(),
+            received_lsn: None,
+            streaming: false,
+            answering: None,
+            replicas: vec![ReplicaReport { name: "db-1".into(), state: "streaming".into(), lag_bytes: Some(4096) }],
+        }
+    }
+
+    fn replica() -> InstanceReport {
+        InstanceReport { role: Role::Replica, streaming: true, replicas: vec![], ..primary() }
+    }
+
+    #[test]
+    fn roles_lag_and_version_come_from_the_reports() {
+        let pods = [
+            pod("db-0", true, Some(&primary())),
+            pod("db-1", true, Some(&replica())),
+            pod("db-2", false, Some(&replica())),
+        ];
+        let topology = observe(&pods);
+        assert_eq!(topology.primary.as_deref(), Some("db-0"));
+        assert_eq!(topology.server_version.as_deref(), Some("15.18"));
+        let lags: Vec<_> = topology.instances.iter().map(|i| (i.name.as_str(), i.role, i.lag_bytes)).collect();
+        assert_eq!(
+            lags,
+            [
+                ("db-0", Some(Role::Primary), None),
+                ("db-1", Some(Role::Replica), Some(4096)),
+                ("db-2", Some(Role::Replica), None)
+            ]
+        );
+        assert!(!topology.instances[2].ready);
+    }
+
+    #[test]
+    fn no_report_no_claims_and_a_leaving_primary_is_not_current() {
+        let mut leaving = pod("db-0", true, Some(&primary()));
+        leaving.metadata.deletion_timestamp = Some(crate::runtime::status::now());
+        let topology = observe(&[leaving, pod("db-1", true, None)]);
+        assert_eq!(topology.primary, None);
+        assert_eq!(topology.instances[1].role, None);
+        assert_eq!(topology.server_version.as_deref(), Some("15.18"), "the version still reads from a report");
+    }
+}
