@@ -105,8 +105,14 @@ pub fn decide(primary: &str, pods: &[Pod], asked: Option<&str>, waited_enough: b
     let Some(token) = asked else {
         return Decision::AskPositions { lost: primary.to_string(), why, token: String::new(), ask: names };
     };
-    let answers: Vec<(String, InstanceReport)> =
-        candidates.iter().filter_map(|p| Some((p.name_any(), answer(p, token)?))).collect();
+    // An answer counts once the replica no longer streams: while it does, the
+    // old primary still runs (a deleted pod's processes outlive its object for
+    // a moment) and may send more WAL, so the positions are not final yet.
+    let answers: Vec<(String, InstanceReport)> = candidates
+        .iter()
+        .filter_map(|p| Some((p.name_any(), answer(p, token)?)))
+        .filter(|(_, report)| !report.streaming || waited_enough)
+        .collect();
     if answers.is_empty() || (answers.len() < candidates.len() && !waited_enough) {
         return Decision::AskPositions { lost: primary.to_string(), why, token: token.to_string(), ask: names };
     }
@@ -141,7 +147,8 @@ mod tests {
             timeline: 1,
             lsn: received.into(),
             received_lsn: (role == Role::Replica).then(|| received.to_string()),
-            streaming: role == Role::Replica,
+            // An answer comes once the old primary is gone: no longer streaming.
+            streaming: role == Role::Replica && answering.is_none(),
             answering: answering.map(str::to_string),
             replicas: vec![],
         };
@@ -205,6 +212,19 @@ mod tests {
             ("db-0", "db-2", "its pod is gone")
         );
         assert_eq!(promotion.positions, [("db-1".to_string(), "0/500".to_string()), ("db-2".into(), "1/0".into())]);
+    }
+
+    #[test]
+    fn positions_count_only_once_the_old_primary_stopped_sending() {
+        let mut still_streaming = pod("db-1", Role::Replica, "0/900", Some("t1"));
+        let mut report = instances::report(&still_streaming).expect("report");
+        report.streaming = true;
+        still_streaming.metadata.annotations =
+            Some([(ANNOTATION.to_string(), serde_json::to_string(&report).expect("json"))].into());
+        let pods = [still_streaming, pod("db-2", Role::Replica, "0/500", Some("t1"))];
+        assert!(matches!(decide("db-0", &pods, Some("t1"), false), Decision::AskPositions { .. }));
+        let Decision::Promote(promotion) = decide("db-0", &pods, Some("t1"), true) else { panic!("no promotion") };
+        assert_eq!(promotion.to, "db-1", "past the wait, the most advanced all the same");
     }
 
     #[test]
