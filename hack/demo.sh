@@ -14,7 +14,9 @@ stop_operator() {
     local pid; pid="$(cat "$DIR/keelson.pid")"
     if kill -0 "$pid" 2>/dev/null; then
       kill -TERM "$pid"
-      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      # Its ports must be free for the next one.
+      if kill -0 "$pid" 2>/dev/null; then echo "operator $pid did not stop in 30 s; killing it" >&2; kill -KILL "$pid"; fi
     fi
     rm -f "$DIR/keelson.pid"
   fi
@@ -95,17 +97,22 @@ if [[ -f config/samples/mydatabase.yaml ]]; then
   run cat config/samples/mydatabase.yaml
   run kubectl apply -f config/samples/mydatabase.yaml
   kubectl wait --for=jsonpath='{.status.phase}'=Running mydatabase/production-db --timeout=180s >/dev/null || true
+  kubectl wait --for=jsonpath='{.status.instances}'=3/3 mydatabase/production-db --timeout=180s >/dev/null || true
   run kubectl get mydatabases
   run kubectl get statefulsets,services,cronjobs,secrets,pvc -l app.kubernetes.io/instance=production-db
   run kubectl get pods -l keelson.dev/cluster=production-db -L keelson.dev/role -o wide
+  # Which pod is primary is Keelson's choice (pod 0 at first; a failover moves it).
+  primary="$(kubectl get mydatabase production-db -o jsonpath='{.status.currentPrimary}')"
+  replica="$(kubectl get mydatabase production-db -o jsonpath='{.status.instanceStatuses[?(@.role=="replica")].name}' | cut -d' ' -f1)"
+  run kubectl get mydatabase production-db -o jsonpath='primary {.status.currentPrimary}, PostgreSQL {.status.serverVersion}{"\n"}{range .status.instanceStatuses[*]}{.name} {.role} ready={.ready} lagBytes={.lagBytes}{"\n"}{end}'
   say "Real PostgreSQL in those pods: the primary, and replicas streaming from it"
-  run kubectl exec production-db-0 -- psql -d app -tAc "select pg_is_in_recovery(), version()"
-  run kubectl exec production-db-0 -- psql -d app -c "select application_name, client_addr, state from pg_stat_replication"
+  run kubectl exec "$primary" -- psql -d app -tAc "select pg_is_in_recovery(), version()"
+  run kubectl exec "$primary" -- psql -d app -c "select application_name, client_addr, state, sync_state from pg_stat_replication"
   say "A row written through the -rw Service with the connection Secret's URI, read on a replica"
   # shellcheck disable=SC2016
-  run kubectl exec production-db-2 -- bash -c 'psql "postgresql://app:$APP_PASSWORD@production-db-rw:5432/app" -c "create table if not exists orders (id int primary key, item text)" -c "insert into orders values (1, '"'"'written through -rw'"'"') on conflict do nothing"'
-  until [[ "$(kubectl exec production-db-2 -- psql -d app -tAc "select count(*) from orders" 2>/dev/null)" == 1 ]]; do sleep 0.2; done
-  run kubectl exec production-db-2 -- psql -d app -c "select pg_is_in_recovery() as replica, * from orders"
+  run kubectl exec "$replica" -- bash -c 'psql "postgresql://app:$APP_PASSWORD@production-db-rw:5432/app" -c "create table if not exists orders (id int primary key, item text)" -c "insert into orders values (1, '"'"'written through -rw'"'"') on conflict do nothing"'
+  until [[ "$(kubectl exec "$replica" -- psql -d app -tAc "select count(*) from orders" 2>/dev/null)" == 1 ]]; do sleep 0.2; done
+  run kubectl exec "$replica" -- psql -d app -c "select pg_is_in_recovery() as replica, * from orders"
   say "A backup now, from the CronJob's own template (as 02:00 would run it), taken from a replica"
   kubectl delete job production-db-backup-now --ignore-not-found >/dev/null
   old_backup="$(kubectl get mydatabase production-db -o jsonpath='{.status.lastBackupName}')"
@@ -130,6 +137,22 @@ if [[ -f config/samples/mydatabase.yaml ]]; then
   done
   run kubectl get mydatabases
   run kubectl exec production-db-copy-0 -- psql -d app -c "select * from orders"
+  say "Failover: force-delete the primary's pod; Keelson promotes the replica that received the most WAL"
+  primary="$(kubectl get mydatabase production-db -o jsonpath='{.status.currentPrimary}')"
+  run kubectl delete pod "$primary" --grace-period=0 --force
+  promoted="$primary"
+  for _ in $(seq 1 600); do
+    promoted="$(kubectl get mydatabase production-db -o jsonpath='{.status.currentPrimary}')"
+    [[ -n "$promoted" && "$promoted" != "$primary" ]] && break
+    sleep 0.1
+  done
+  run kubectl get mydatabase production-db -o jsonpath='{.status.lastFailover}{"\n"}'
+  run kubectl exec "$promoted" -- psql -d app -c "select pg_is_in_recovery() as replica, * from orders"
+  for _ in $(seq 1 900); do
+    [[ "$(kubectl get mydatabase production-db -o jsonpath='{.status.instances}')" == 3/3 ]] && break
+    sleep 0.2
+  done
+  run kubectl get pods -l keelson.dev/cluster=production-db,app.kubernetes.io/component=database -L keelson.dev/role
 fi
 
 say "Done. The cluster and the operator are still running:"

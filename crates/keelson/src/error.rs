@@ -16,6 +16,12 @@ pub enum Error {
     #[error("the watch cache of {0} stopped")]
     CacheStopped(&'static str),
 
+    #[error("the watch cache of {0} has not listed them yet")]
+    CacheNotSynced(&'static str),
+
+    #[error("the reconcile took longer than {0:?}")]
+    TimedOut(std::time::Duration),
+
     #[error("could not serialize {what}: {source}")]
     Serialize {
         what: &'static str,
@@ -43,6 +49,8 @@ impl Error {
             Error::ChildrenFailed { .. } => "child_apply",
             Error::MissingMetadata(_) => "missing_metadata",
             Error::CacheStopped(_) => "cache_stopped",
+            Error::CacheNotSynced(_) => "cache_not_synced",
+            Error::TimedOut(_) => "timed_out",
             Error::Serialize { .. } => "serialize",
         }
     }

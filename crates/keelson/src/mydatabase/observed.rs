@@ -63,20 +63,30 @@ pub struct Observed {
 impl Caches {
     /// Until every cache has its first full list (at once afterwards): a
     /// reconcile must not take an unsynced cache's emptiness for the cluster's.
+    /// Bounded: a watch that cannot list is an error naming it, not a hang.
     async fn synced(&self) -> Result<()> {
-        let stopped = |what| move |_| Error::CacheStopped(what);
-        self.statefulsets.wait_until_ready().await.map_err(stopped("StatefulSets"))?;
-        self.services.wait_until_ready().await.map_err(stopped("Services"))?;
-        self.secrets.wait_until_ready().await.map_err(stopped("Secrets"))?;
-        self.config_maps.wait_until_ready().await.map_err(stopped("ConfigMaps"))?;
-        self.cron_jobs.wait_until_ready().await.map_err(stopped("CronJobs"))?;
-        self.disruption_budgets.wait_until_ready().await.map_err(stopped("PodDisruptionBudgets"))?;
-        self.jobs.wait_until_ready().await.map_err(stopped("Jobs"))?;
-        self.claims.wait_until_ready().await.map_err(stopped("PersistentVolumeClaims"))?;
-        self.pods.wait_until_ready().await.map_err(stopped("Pods"))?;
-        self.service_accounts.wait_until_ready().await.map_err(stopped("ServiceAccounts"))?;
-        self.roles.wait_until_ready().await.map_err(stopped("Roles"))?;
-        self.role_bindings.wait_until_ready().await.map_err(stopped("RoleBindings"))?;
+        async fn ready<K: kube::Resource + Clone>(store: &Store<K>, what: &'static str) -> Result<()>
+        where
+            K::DynamicType: Eq + std::hash::Hash + Clone,
+        {
+            match tokio::time::timeout(std::time::Duration::from_secs(10), store.wait_until_ready()).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(_)) => Err(Error::CacheStopped(what)),
+                Err(_) => Err(Error::CacheNotSynced(what)),
+            }
+        }
+        ready(&self.statefulsets, "StatefulSets").await?;
+        ready(&self.services, "Services").await?;
+        ready(&self.secrets, "Secrets").await?;
+        ready(&self.config_maps, "ConfigMaps").await?;
+        ready(&self.cron_jobs, "CronJobs").await?;
+        ready(&self.disruption_budgets, "PodDisruptionBudgets").await?;
+        ready(&self.jobs, "Jobs").await?;
+        ready(&self.claims, "PersistentVolumeClaims").await?;
+        ready(&self.pods, "Pods").await?;
+        ready(&self.service_accounts, "ServiceAccounts").await?;
+        ready(&self.roles, "Roles").await?;
+        ready(&self.role_bindings, "RoleBindings").await?;
         Ok(())
     }
 }

@@ -320,7 +320,14 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                 when_scaled: Some("Retain".into()),
             }),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels), ..Default::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    // `kubectl exec|logs` without -c mean PostgreSQL's container.
+                    annotations: Some(
+                        [("kubectl.kubernetes.io/default-container".to_string(), "postgres".to_string())].into(),
+                    ),
+                    ..Default::default()
+                }),
                 spec: Some(PodSpec {
                     security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
                     affinity: Some(Affinity { pod_anti_affinity: Some(anti_affinity), ..Default::default() }),

@@ -80,6 +80,9 @@ pub async fn drive<R: Reconciler>(
     controller.run(instrumented::<R>, error_policy::<R>, reconciler).for_each(|_| futures::future::ready(())).await;
 }
 
+/// The longest one reconcile may take.
+const RECONCILE_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Runs one reconcile with metrics, and forgets the object's backoff on success.
 async fn instrumented<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>) -> Result<Action> {
     let metrics = reconciler.context().metrics.clone();
@@ -89,7 +92,15 @@ async fn instrumented<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>)
     in_flight.inc();
     let started = Instant::now();
     let key = object_key(object.as_ref());
-    let result = pipeline::reconcile(object, reconciler.clone()).await;
+    // A reconcile that hangs (an API call or a wait that never returns) must
+    // not hold its object for ever: it ends as an error and is retried.
+    let result = match tokio::time::timeout(RECONCILE_TIMEOUT, pipeline::reconcile(object, reconciler.clone())).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(object = %key, timeout = ?RECONCILE_TIMEOUT, "reconcile timed out");
+            Err(Error::TimedOut(RECONCILE_TIMEOUT))
+        }
+    };
     metrics.reconcile_duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     in_flight.dec();
     match &result {
