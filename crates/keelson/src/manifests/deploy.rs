@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, Service, ServiceAccount, ServicePort, ServiceSpec,
+    Container, ContainerPort, HTTPGetAction, Namespace, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, Service,
+    ServiceAccount, ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::ObjectMeta;
 
 use super::rbac::{CLUSTER_ROLE_NAME, LEADER_ROLE_NAME};
-use crate::runtime::security;
+use crate::runtime::{meta, security};
 
 pub const NAMESPACE: &str = "keelson-system";
 pub const SERVICE_ACCOUNT: &str = "keelson-controller-manager";
@@ -86,17 +86,6 @@ pub fn leader_election_role_binding() -> RoleBinding {
     }
 }
 
-fn field_env(name: &str, path: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 fn probe(path: &str, initial_delay: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
@@ -118,7 +107,10 @@ pub fn manager_deployment() -> Deployment {
         name: "manager".into(),
         image: Some(IMAGE.into()),
         args: Some(vec!["run".into(), "--leader-elect".into(), "--log-format=json".into()]),
-        env: Some(vec![field_env("POD_NAME", "metadata.name"), field_env("POD_NAMESPACE", "metadata.namespace")]),
+        env: Some(vec![
+            meta::field_env("POD_NAME", "metadata.name"),
+            meta::field_env("POD_NAMESPACE", "metadata.namespace"),
+        ]),
         ports: Some(vec![
             ContainerPort {
                 name: Some("metrics".into()),

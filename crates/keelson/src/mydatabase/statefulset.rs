@@ -18,7 +18,7 @@ use super::credentials::{PASSWORD_KEY, REPLICATION_PASSWORD_KEY};
 use super::names::{self, APP_DB, APP_USER, PORT};
 use crate::Result;
 use crate::api::MyDatabase;
-use crate::runtime::{Settings, drift, security};
+use crate::runtime::{Settings, drift, meta, security};
 
 /// The official image runs as `postgres`, uid 999.
 pub const POSTGRES_UID: i64 = 999;
@@ -155,17 +155,6 @@ const MANAGER_DIR: &str = "/keelson";
 /// Where in-cluster clients look for their ServiceAccount's token.
 const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
-fn field_env(name: &str, path: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 /// The instance manager (`crate::instance`): copied out of the operator's
 /// image by an init container, run beside PostgreSQL from the PostgreSQL
 /// image (it asks the server through `psql` on the shared socket).
@@ -184,8 +173,8 @@ fn instance_manager(db: &MyDatabase, settings: &Settings) -> (Container, Contain
         image: Some(image(db)),
         command: Some(vec![format!("{MANAGER_DIR}/keelson"), "instance".into(), "run".into()]),
         env: Some(vec![
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
+            meta::field_env("POD_NAME", "metadata.name"),
+            meta::field_env("POD_NAMESPACE", "metadata.namespace"),
             env("PGHOST", "/var/run/postgresql"),
             env("PGPORT", PORT.to_string()),
         ]),
@@ -251,7 +240,7 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
         image: Some(image(db)),
         command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "start".into()]),
         env: Some(
-            vec![field_env("POD_NAME", "metadata.name")]
+            vec![meta::field_env("POD_NAME", "metadata.name")]
                 .into_iter()
                 .chain(instance_env(db))
                 .chain([

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector};
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
@@ -10,6 +11,18 @@ use crate::{Error, Result};
 
 /// Label every object Keelson manages carries; owned watches select on it.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "keelson");
+
+/// An environment variable from the pod's own metadata (the downward API), e.g. `metadata.name`.
+pub fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
 
 /// Labels on every child object, after the Kubernetes recommended labels.
 pub fn recommended_labels(app_name: &str, component: &str, instance: &str) -> BTreeMap<String, String> {
