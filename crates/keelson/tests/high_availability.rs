@@ -103,12 +103,13 @@ async fn current_primary(ns: &TestNamespace) -> anyhow::Result<Option<String>> {
 /// All instances ready and every replica streaming from the primary.
 async fn settled(ns: &TestNamespace) -> anyhow::Result<String> {
     let dbs = ns.api::<MyDatabase>();
-    let db = testkit::wait_for(&dbs, DB, "Running 3/3", DEFAULT_TIMEOUT, |db| {
+    testkit::wait_for(&dbs, DB, "Running 3/3", DEFAULT_TIMEOUT, |db| {
         db.status.as_ref().is_some_and(|s| s.phase == Some(DatabasePhase::Running) && s.ready_replicas == 3)
     })
     .await?;
-    let primary = db.status.and_then(|s| s.current_primary).unwrap_or_default();
+    // The primary is read again on every try: a status read just after a deletion can be stale.
     eventually(DEFAULT_TIMEOUT, "two replicas streaming synchronously (quorum)", || async {
+        let Ok(Some(primary)) = current_primary(ns).await else { return false };
         sql_in(
             ns,
             &primary,
@@ -117,7 +118,7 @@ async fn settled(ns: &TestNamespace) -> anyhow::Result<String> {
         .is_ok_and(|n| n == "2")
     })
     .await?;
-    Ok(primary)
+    Ok(current_primary(ns).await?.unwrap_or_default())
 }
 
 #[tokio::test]
@@ -216,6 +217,9 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     let doubled: Vec<&&str> =
         samples.iter().filter(|l| l.split(' ').skip(1).filter(|r| *r == "t").count() > 1).collect();
     assert!(doubled.is_empty(), "two primaries at once: {doubled:?}");
+    // ... and the sampler did see the primary: it could tell one when there was one.
+    let one_primary = samples.iter().filter(|l| l.split(' ').skip(1).filter(|r| *r == "t").count() == 1).count();
+    assert!(one_primary * 2 >= samples.len(), "the sampler rarely saw a primary: {one_primary} of {}", samples.len());
 
     // Every lost instance is back, as a streaming replica of the current primary.
     for (lost_primary, _, _) in &downs {
@@ -234,6 +238,9 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     let (last_lost, _, _) = downs.last().expect("failovers");
     let record = dbs.get(DB).await?.status.and_then(|s| s.last_failover).expect("status.lastFailover");
     assert_eq!((&record.from, &record.to), (last_lost, &primary), "{record:?}");
-    assert_eq!(record.positions.len(), 2, "both replicas' positions compared: {record:?}");
+    // The replicas that answered in time (one that has just rejoined may not: the failover
+    // then goes on without it after 3 s), the promoted one among them, the lost one not.
+    assert!(record.positions.iter().any(|p| p.starts_with(&format!("{} at ", record.to))), "{record:?}");
+    assert!(!record.positions.iter().any(|p| p.starts_with(&format!("{} at ", record.from))), "{record:?}");
     Ok(())
 }

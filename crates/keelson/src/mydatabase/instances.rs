@@ -1,6 +1,7 @@
 //! What the instances say about themselves: each pod's instance manager
 //! report (`api::instance`), read from the pod cache, made into the status's
-//! view of roles, the primary, replication lag and the running version.
+//! view of roles, replication lag and the running version. Which pod is the
+//! primary is Keelson's decision (`failover`), not read from here.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -18,7 +19,6 @@ pub fn report(pod: &Pod) -> Option<InstanceReport> {
 #[derive(Debug, Default, PartialEq)]
 pub struct Topology {
     pub instances: Vec<InstanceStatus>,
-    pub primary: Option<String>,
     pub server_version: Option<String>,
 }
 
@@ -49,7 +49,6 @@ pub fn observe(pods: &[Pod]) -> Topology {
     instances.sort_by(|a, b| a.name.cmp(&b.name));
     Topology {
         instances,
-        primary: primary.map(|(pod, _)| pod.name_any()),
         server_version: primary
             .map(|(_, r)| r.server_version.clone())
             .or_else(|| reports.iter().find_map(|(_, r)| r.as_ref().map(|r| r.server_version.clone()))),
@@ -105,7 +104,6 @@ mod tests {
             pod("db-2", false, Some(&replica())),
         ];
         let topology = observe(&pods);
-        assert_eq!(topology.primary.as_deref(), Some("db-0"));
         assert_eq!(topology.server_version.as_deref(), Some("15.18"));
         let lags: Vec<_> = topology.instances.iter().map(|i| (i.name.as_str(), i.role, i.lag_bytes)).collect();
         assert_eq!(
@@ -120,12 +118,12 @@ mod tests {
     }
 
     #[test]
-    fn no_report_no_claims_and_a_leaving_primary_is_not_current() {
+    fn no_report_no_role_and_a_leaving_primary_counts_no_lag() {
         let mut leaving = pod("db-0", true, Some(&primary()));
         leaving.metadata.deletion_timestamp = Some(crate::runtime::status::now());
         let topology = observe(&[leaving, pod("db-1", true, None)]);
-        assert_eq!(topology.primary, None);
         assert_eq!(topology.instances[1].role, None);
+        assert_eq!(topology.instances[0].lag_bytes, None);
         assert_eq!(topology.server_version.as_deref(), Some("15.18"), "the version still reads from a report");
     }
 }

@@ -234,7 +234,8 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
             .as_ref()
             .map(|r| r.size_bytes)
             .or_else(|| previous.and_then(|s| s.last_backup_size_bytes)),
-        current_primary: observed.primary.clone().or(topology.primary),
+        // Keelson's choice; kept as it was when no apply ran (invalid spec, deletion).
+        current_primary: observed.primary.clone().or_else(|| previous.and_then(|s| s.current_primary.clone())),
         server_version: topology.server_version,
         instance_statuses: topology.instances,
         last_failover: observed.failover.clone().or_else(|| previous.and_then(|s| s.last_failover.clone())),

@@ -235,10 +235,15 @@ start() {
 # restarts and `start` rejoins it as a replica: never two primaries); set
 # the primary's synchronous standbys.
 follow_orders() {
-  local socket="${PGHOST:-/var/run/postgresql}" role in_recovery wanted current
+  local socket="${PGHOST:-/var/run/postgresql}" role wanted state in_recovery streaming current
   local sql=("$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
   role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" || return 0
-  in_recovery="$("${sql[@]}" -c 'SELECT pg_is_in_recovery()' 2>/dev/null)" || return 0
+  # One look at the server answers every question below.
+  state="$("${sql[@]}" -F ' ' -c "SELECT pg_is_in_recovery(),
+      EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
+      current_setting('synchronous_standby_names')" 2>/dev/null)" || return 0
+  read -r in_recovery streaming current <<<"$state"
+  STREAMING="$streaming" IN_RECOVERY="$in_recovery"
   if [[ "$role" == primary && "$in_recovery" == t ]]; then
     log "chosen as the primary: promoting"
     # The checkpoint puts the new timeline in the control file at once: a
@@ -248,13 +253,11 @@ follow_orders() {
     log "no longer the primary: stopping; it comes back as a replica"
     "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null || true
     return 0
-  elif [[ -f "$(rejoin_marker)" ]] \
-      && [[ "$("${sql[@]}" -c "SELECT count(*) FROM pg_stat_wal_receiver WHERE status = 'streaming'")" == 1 ]]; then
+  elif [[ "$streaming" == t && -f "$(rejoin_marker)" ]]; then
     rm -f "$(rejoin_marker)"
     log "rejoined: streaming"
   fi
   wanted="$(cat "$ORDERS_DIR/synchronous-standbys" 2>/dev/null)" || return 0
-  current="$("${sql[@]}" -c 'SHOW synchronous_standby_names')" || return 0
   if [[ "$wanted" != "$current" ]]; then
     "${sql[@]}" -v value="$wanted" >/dev/null <<'SQL' && log "synchronous_standby_names = '$wanted'"
 ALTER SYSTEM SET synchronous_standby_names = :'value';
@@ -263,34 +266,29 @@ SQL
   fi
 }
 
+# New orders are acted on within ORDERS_POLL; otherwise the server is looked
+# at once a second (each look is a connection, a backend for the server).
 follow_orders_loop() {
-  local stalled_since="" now
+  local stalled_since="" seen="" orders looked=-1
   while sleep "${ORDERS_POLL:-0.2}"; do
+    orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" 2>/dev/null)"
+    [[ "$orders" != "$seen" || $SECONDS -ne $looked ]] || continue
+    seen="$orders" looked=$SECONDS STREAMING="" IN_RECOVERY=""
     follow_orders || true
     # A replica that replayed past the point where the new primary's timeline
     # forked cannot stream from it, ever: after a while without streaming,
-    # while the primary answers, it stops to be rewound (see start).
-    now="$(date +%s)"
-    if follows_primary; then stalled_since=""; continue; fi
-    stalled_since="${stalled_since:-$now}"
-    if (( now - stalled_since >= ${STALL_SECONDS:-20} )) \
+    # while the primary answers, it stops to be rewound (see start). A
+    # primary, or a server not up yet, counts as following.
+    if [[ "$IN_RECOVERY" != t || "$STREAMING" != f ]]; then stalled_since=""; continue; fi
+    stalled_since="${stalled_since:-$SECONDS}"
+    if (( SECONDS - stalled_since >= ${STALL_SECONDS:-20} )) \
         && "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; then
-      log "not streaming for $((now - stalled_since))s while $PRIMARY_HOST answers: stopping to rewind"
+      log "not streaming for $((SECONDS - stalled_since))s while $PRIMARY_HOST answers: stopping to rewind"
       touch "$(rewind_flag)"
       "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null || true
       return 0
     fi
   done
-}
-
-# True unless this is a replica that does not stream (a primary, or a server
-# not up yet, counts as following).
-follows_primary() {
-  local state
-  state="$("$(bin psql)" -X -At -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres -d postgres -c \
-    "SELECT pg_is_in_recovery() AND NOT EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming')" 2>/dev/null)" \
-    || return 0
-  [[ "$state" != t ]]
 }
 
 # Password rotation without restarts: the credentials Secret is mounted as
