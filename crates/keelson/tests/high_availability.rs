@@ -1,8 +1,10 @@
-//! Failover on real PostgreSQL in pods: a writer inside the cluster counts
-//! every commit it saw acknowledged while the primary's pod is force-deleted,
-//! again and again; a sampler asks every instance, all along, whether it
-//! takes writes. Proven with SQL: nothing acknowledged is lost, never two
-//! primaries, writes resume within the limit, the lost instance comes back
+//! Failover, switchover and a rolling upgrade on real PostgreSQL in pods: a
+//! writer inside the cluster counts every commit it saw acknowledged while
+//! the primary's pod is force-deleted (three times), its postmaster is
+//! frozen with SIGSTOP (hung, not dead), a switchover is asked for, and the
+//! minor version changes; a sampler asks every instance, all along, whether
+//! it takes writes. Proven with SQL: nothing acknowledged is lost, never two
+//! primaries, writes resume within the limits, every lost instance comes back
 //! as a streaming replica.
 //!
 //! `cargo test --test high_availability -- --nocapture` prints the write
@@ -16,15 +18,71 @@ use common::TestOperator;
 use k8s_openapi::api::core::v1::Pod;
 use keelson::api::MyDatabase;
 use keelson::api::mydatabase::DatabasePhase;
-use kube::api::{DeleteParams, LogParams, PostParams};
+use keelson::api::mydatabase::SWITCHOVER_ANNOTATION;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::pods::shell_pod;
 use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl};
 
 const DB: &str = "ha-db";
-const FAILOVERS: usize = 3;
-/// The acceptance limit of issue 14 (the goal is 5 s).
+const DELETIONS: usize = 3;
+/// The acceptance limit of issue 14 for a failover, a switchover and a rolling
+/// upgrade (the goals, 5 s, are measured and reported, not asserted: a loaded
+/// CI machine must not turn a speed goal into a red build).
 const WRITE_DOWNTIME_LIMIT: Duration = Duration::from_secs(10);
+/// A hung primary is found by its manager (3 s without an answer), then the
+/// replicas' positions become final only after the 3 s wait (they still
+/// stream from the hung server's WAL senders): a wider bound.
+const HUNG_DOWNTIME_LIMIT: Duration = Duration::from_secs(20);
+
+/// What the test does to the database, one after the other.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Disruption {
+    /// Force-delete the primary's pod.
+    Delete,
+    /// SIGSTOP the primary's postmaster (from the node: it is a process here), SIGCONT once failed over.
+    Hang,
+    /// `db.keelson.dev/switchover-to` a replica.
+    Switchover,
+    /// `spec.version` 15.2 → 15.3.
+    Upgrade,
+}
+
+impl Disruption {
+    fn limit(self) -> Duration {
+        match self {
+            Disruption::Hang => HUNG_DOWNTIME_LIMIT,
+            Disruption::Delete | Disruption::Switchover | Disruption::Upgrade => WRITE_DOWNTIME_LIMIT,
+        }
+    }
+}
+
+/// The host pid of the postmaster in `pod` (on the real node a container's
+/// processes are this machine's): its cgroup names the pod, its command line
+/// carries `cluster_name` (keelson-postgres.sh starts it so).
+fn postmaster_pid(pod: &Pod) -> anyhow::Result<u32> {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let in_pod = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&format!("pod{uid}")))
+    };
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let pid = entry.file_name().to_string_lossy().to_string();
+        let Ok(number) = pid.parse::<u32>() else { continue };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let postmaster = cmdline.split(|b| *b == 0).any(|arg| arg.starts_with(b"cluster_name="));
+        if postmaster && in_pod(&pid) {
+            return Ok(number);
+        }
+    }
+    anyhow::bail!("no postmaster of pod {uid} among this machine's processes")
+}
+
+fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("kill").args([signal, &pid.to_string()]).status()?;
+    anyhow::ensure!(status.success(), "kill {signal} {pid}: {status}");
+    Ok(())
+}
 
 fn sql_in(ns: &TestNamespace, pod: &str, sql: &str) -> anyhow::Result<String> {
     Ok(kubectl(&["-n", &ns.name, "exec", pod, "-c", "postgres", "--", "psql", "-X", "-At", "-d", "app", "-c", sql])?
@@ -150,18 +208,105 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             }
         };
         eventually(DEFAULT_TIMEOUT, "the writer to commit", || async { writes_after(0).await >= 20 }).await?;
-        for _ in 0..FAILOVERS {
+        let mut plan = vec![Disruption::Delete; DELETIONS];
+        plan.extend([Disruption::Hang, Disruption::Switchover, Disruption::Upgrade]);
+        for disruption in plan {
             let primary = settled(&ns).await?;
+            // Writes flow before each disruption: a pause is then this disruption's alone.
+            let flowing = now_ms();
+            eventually(DEFAULT_TIMEOUT, "writes to flow", || async { writes_after(flowing).await >= 3 }).await?;
             let before = now_ms();
-            let deleted = Instant::now();
-            pods.delete(&primary, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+            let started = Instant::now();
+            let mut frozen = None;
+            match disruption {
+                Disruption::Delete => {
+                    pods.delete(&primary, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+                        .await?;
+                }
+                Disruption::Hang => {
+                    let pid = postmaster_pid(&pods.get(&primary).await?)?;
+                    signal(pid, "-STOP")?;
+                    frozen = Some(pid);
+                }
+                Disruption::Switchover => {
+                    // A target that is no replica is refused, with an Event, and the request removed.
+                    kubectl(&[
+                        "-n",
+                        &ns.name,
+                        "annotate",
+                        "mydatabase",
+                        DB,
+                        &format!("{SWITCHOVER_ANNOTATION}={DB}-7"),
+                    ])?;
+                    eventually(DEFAULT_TIMEOUT, "the refused request to be removed", || async {
+                        dbs.get(DB).await.is_ok_and(|db| !db.annotations().contains_key(SWITCHOVER_ANNOTATION))
+                    })
+                    .await?;
+                    let refused = kubectl(&[
+                        "-n",
+                        &ns.name,
+                        "get",
+                        "events",
+                        "--field-selector",
+                        "reason=SwitchoverRefused",
+                        "-o",
+                        "jsonpath={.items[*].message}",
+                    ])?;
+                    assert!(refused.contains(&format!("{DB}-7 is not a pod of this database")), "{refused}");
+                    let target = (0..3).map(|n| format!("{DB}-{n}")).find(|p| *p != primary).unwrap_or_default();
+                    kubectl(&[
+                        "-n",
+                        &ns.name,
+                        "annotate",
+                        "mydatabase",
+                        DB,
+                        &format!("{SWITCHOVER_ANNOTATION}={target}"),
+                    ])?;
+                }
+                Disruption::Upgrade => {
+                    let patch = json!({"spec": {"version": "15.3"}});
+                    dbs.patch(DB, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                }
+            }
             eventually(DEFAULT_TIMEOUT, "another pod chosen as primary", || async {
                 current_primary(&ns).await.ok().flatten().is_some_and(|p| p != primary)
             })
             .await?;
-            eventually(DEFAULT_TIMEOUT, "writes to resume", || async { writes_after(before).await >= 5 }).await?;
-            eprintln!("{primary} deleted; writes resumed (seen {:?} after the deletion)", deleted.elapsed());
-            downs.push((primary, before, deleted.elapsed()));
+            // Resumed: commits after the new primary was chosen (the old one may acknowledge a few
+            // more until the kubelet has killed it).
+            let chosen = now_ms();
+            eventually(DEFAULT_TIMEOUT, "writes to resume", || async { writes_after(chosen).await >= 3 }).await?;
+            let resumed = started.elapsed();
+            eprintln!("{disruption:?} of {primary}: writes resumed (seen {resumed:?} after it began)");
+            // Keelson fenced the frozen primary by deleting its pod: the kubelet killed it. Were it
+            // still there, it would wake up now, and the sampler would see it take writes.
+            if let Some(pid) = frozen {
+                let _ = signal(pid, "-CONT");
+            }
+            if disruption == Disruption::Upgrade {
+                eventually(DEFAULT_TIMEOUT, "every pod on postgres:15.3", || async {
+                    let selector = format!("keelson.dev/cluster={DB},app.kubernetes.io/component=database");
+                    let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await else { return false };
+                    let images: Vec<String> = list
+                        .items
+                        .iter()
+                        .filter_map(|p| {
+                            p.spec.as_ref()?.containers.iter().find(|c| c.name == "postgres")?.image.clone()
+                        })
+                        .collect();
+                    images.len() == 3 && images.iter().all(|i| i.ends_with("postgres:15.3"))
+                })
+                .await?;
+            }
+            settled(&ns).await?;
+            let record = dbs.get(DB).await?.status.and_then(|s| s.last_failover).expect("status.lastFailover");
+            eprintln!(
+                "  {} {} → {}: {} (Keelson: writes down {:?} ms)",
+                record.kind, record.from, record.to, record.reason, record.writes_down_ms
+            );
+            // An upgrade's window spans its whole rollout.
+            let window = if disruption == Disruption::Upgrade { started.elapsed() } else { resumed };
+            downs.push((disruption, primary, before, window, record));
         }
         settled(&ns).await?;
         for pod in ["writer", "sampler"] {
@@ -176,11 +321,12 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     let downs = disrupt.await?;
     let (written, sampled) = (ended(&ns, "writer").await?, ended(&ns, "sampler").await?);
 
-    // Writes down: the longest pause between two acknowledgements around each deletion (the old
-    // primary may still acknowledge a few writes until the kubelet has killed it).
+    // Writes down: the longest pause between two acknowledgements around each disruption (the old
+    // primary may still acknowledge a few writes until the kubelet has killed it). An upgrade's
+    // window spans its whole rollout: its longest pause must be no more than a switchover's.
     let acked = acknowledged(&written);
-    let mut gaps = Vec::new();
-    for (primary, at, resumed) in &downs {
+    let mut report = Vec::new();
+    for (disruption, primary, at, resumed, _) in &downs {
         let window_end = at + resumed.as_millis() + 1000;
         let gap = acked
             .windows(2)
@@ -189,19 +335,27 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             .max()
             .unwrap_or(u128::MAX);
         let gap = Duration::from_millis(gap as u64);
-        eprintln!("failover from {primary}: writes down {gap:?}");
-        gaps.push(gap);
+        eprintln!("{disruption:?} of {primary}: writes down {gap:?}");
+        report.push((*disruption, gap));
     }
-    gaps.sort();
+    // Every pause of more than a second, by when it began (for the record and for diagnosis).
+    let first = downs.first().map(|(_, _, at, _, _)| *at).unwrap_or_default();
+    for (disruption, primary, at, _, _) in &downs {
+        eprintln!("  t={:>7} ms: {disruption:?} of {primary}", at.saturating_sub(first));
+    }
+    for pair in acked.windows(2).filter(|pair| pair[1].1 - pair[0].1 > 1000) {
+        eprintln!("  t={:>7} ms: writes paused {} ms", pair[0].1.saturating_sub(first), pair[1].1 - pair[0].1);
+    }
+    let mut deletions: Vec<Duration> =
+        report.iter().filter(|(d, _)| *d == Disruption::Delete).map(|(_, gap)| *gap).collect();
+    deletions.sort();
     eprintln!(
-        "write downtime over {FAILOVERS} failovers: p50 {:?}, max {:?}",
-        gaps[gaps.len() / 2],
-        gaps[gaps.len() - 1]
+        "write downtime over {DELETIONS} pod deletions: p50 {:?}, max {:?}",
+        deletions[deletions.len() / 2],
+        deletions[deletions.len() - 1]
     );
-    assert!(
-        gaps.iter().all(|g| *g <= WRITE_DOWNTIME_LIMIT),
-        "writes were down longer than {WRITE_DOWNTIME_LIMIT:?}: {gaps:?}"
-    );
+    let over: Vec<_> = report.iter().filter(|(d, gap)| *gap > d.limit()).collect();
+    assert!(over.is_empty(), "writes were down longer than allowed: {over:?} (all: {report:?})");
 
     // Nothing acknowledged is lost: every id the writer saw committed is on the primary now.
     let primary = settled(&ns).await?;
@@ -222,7 +376,7 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     assert!(one_primary * 2 >= samples.len(), "the sampler rarely saw a primary: {one_primary} of {}", samples.len());
 
     // Every lost instance is back, as a streaming replica of the current primary.
-    for (lost_primary, _, _) in &downs {
+    for (_, lost_primary, _, _, _) in &downs {
         if *lost_primary != primary {
             assert_eq!(sql_in(&ns, lost_primary, "SELECT pg_is_in_recovery()")?, "t", "{lost_primary}");
         }
@@ -233,14 +387,26 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         "SELECT string_agg(application_name, ',' ORDER BY application_name) FROM pg_stat_replication WHERE state = 'streaming'",
     )?;
     assert_eq!(streaming.split(',').count(), 2, "{streaming}");
-    let events = kubectl(&["-n", &ns.name, "get", "events", "--field-selector", "reason=Failover", "-o", "name"])?;
-    assert!(!events.trim().is_empty(), "no Failover Event");
-    let (last_lost, _, _) = downs.last().expect("failovers");
-    let record = dbs.get(DB).await?.status.and_then(|s| s.last_failover).expect("status.lastFailover");
-    assert_eq!((&record.from, &record.to), (last_lost, &primary), "{record:?}");
-    // The replicas that answered in time (one that has just rejoined may not: the failover
-    // then goes on without it after 3 s), the promoted one among them, the lost one not.
-    assert!(record.positions.iter().any(|p| p.starts_with(&format!("{} at ", record.to))), "{record:?}");
-    assert!(!record.positions.iter().any(|p| p.starts_with(&format!("{} at ", record.from))), "{record:?}");
+    for reason in ["Failover", "Switchover", "RollingUpdate"] {
+        let selector = format!("reason={reason}");
+        let events = kubectl(&["-n", &ns.name, "get", "events", "--field-selector", &selector, "-o", "name"])?;
+        assert!(!events.trim().is_empty(), "no {reason} Event");
+    }
+    // Each record says what happened, as Keelson saw it.
+    for (disruption, lost, _, _, record) in &downs {
+        let (kind, reason) = match disruption {
+            Disruption::Delete => ("Failover", "its pod"),
+            Disruption::Hang => ("Failover", "its PostgreSQL stopped answering"),
+            Disruption::Switchover => ("Switchover", "switchover to"),
+            Disruption::Upgrade => ("Switchover", "rolling update"),
+        };
+        assert_eq!((record.kind.as_str(), &record.from), (kind, lost), "{disruption:?}: {record:?}");
+        assert!(record.reason.contains(reason), "{disruption:?}: {record:?}");
+        assert!(record.writes_down_ms.is_some_and(|ms| ms >= 0), "{disruption:?}: no downtime measured: {record:?}");
+        // The replicas that answered in time (one that has just rejoined may not: the failover
+        // then goes on without it after 3 s), the promoted one among them, the lost one not.
+        assert!(record.positions.iter().any(|p| p.starts_with(&format!("{} at ", record.to))), "{record:?}");
+        assert!(!record.positions.iter().any(|p| p.starts_with(&format!("{} at ", record.from))), "{record:?}");
+    }
     Ok(())
 }

@@ -15,6 +15,9 @@ pub const POSITION_REQUEST: &str = "db.keelson.dev/position-request";
 /// Set by the operator on every pod: PostgreSQL's `synchronous_standby_names`
 /// for when that instance is the primary (empty: asynchronous).
 pub const SYNCHRONOUS_STANDBYS: &str = "db.keelson.dev/synchronous-standbys";
+/// Set by the operator on every pod: the pod chosen as the primary, which a
+/// replica streams from directly (by its stable DNS name, not through `-rw`).
+pub const PRIMARY: &str = "db.keelson.dev/primary";
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -45,6 +48,10 @@ pub struct InstanceReport {
     /// A primary: its replicas, from `pg_stat_replication`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<ReplicaReport>,
+    /// The server answered before and has not for a while (hung, crashed or
+    /// restarting): the rest of the report is the last thing it said.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unresponsive: bool,
 }
 
 /// One replica as its primary sees it.
@@ -70,6 +77,7 @@ impl InstanceReport {
             && self.timeline == other.timeline
             && self.streaming == other.streaming
             && self.answering == other.answering
+            && self.unresponsive == other.unresponsive
             && replicas(self) == replicas(other)
     }
 }

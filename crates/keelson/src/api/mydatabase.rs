@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use super::reference;
 
+/// `kubectl annotate mydatabase <name> db.keelson.dev/switchover-to=<pod>`:
+/// move the primary to that replica (removed once done or refused).
+pub const SWITCHOVER_ANNOTATION: &str = "db.keelson.dev/switchover-to";
+
 /// PostgreSQL major versions Keelson knows how to run and replicate.
 pub const SUPPORTED_MAJORS: &[u32] = &[13, 14, 15, 16, 17];
 
@@ -198,20 +202,29 @@ pub struct MyDatabaseStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// A failover, as Keelson decided it.
+/// A failover or switchover, as Keelson decided it.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailoverRecord {
+    /// `Failover` (the primary was lost) or `Switchover` (Keelson moved it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
     /// The primary that was lost.
     pub from: String,
     /// The replica promoted.
     pub to: String,
     /// Why the primary counted as lost.
     pub reason: String,
-    /// When the loss was seen.
+    /// When the loss was seen (a switchover: when the primary was stepped down).
     pub lost_at: Option<Time>,
     /// When the promotion was decided (all live replicas had answered).
     pub promoted_at: Option<Time>,
+    /// When the promoted instance first reported taking writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving_at: Option<Time>,
+    /// Writes down as Keelson saw it: from `lostAt` to `servingAt`, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writes_down_ms: Option<i64>,
     /// Each candidate's received WAL position, `<pod> at <lsn>`.
     #[serde(default)]
     pub positions: Vec<String>,

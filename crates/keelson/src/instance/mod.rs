@@ -28,12 +28,17 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::api::instance::{ANNOTATION, InstanceReport, POSITION_REQUEST, ROLE_LABEL, SYNCHRONOUS_STANDBYS};
+use crate::api::instance::{ANNOTATION, InstanceReport, POSITION_REQUEST, PRIMARY, ROLE_LABEL, SYNCHRONOUS_STANDBYS};
 use probe::Server;
 
 pub const FIELD_MANAGER: &str = "keelson-instance";
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 const POSITIONS_EVERY: Duration = Duration::from_secs(5);
+/// One look may take this long: a server that takes longer does not answer.
+const LOOK_TIMEOUT: Duration = Duration::from_secs(2);
+/// A server that answered before and has not for this long is reported
+/// unresponsive (a hung primary is failed over on it).
+const UNRESPONSIVE_AFTER: Duration = Duration::from_secs(3);
 
 #[derive(Debug, thiserror::Error)]
 pub enum InstanceError {
@@ -79,8 +84,11 @@ pub struct RunArgs {
 
 /// Writes what the operator decided for this pod as files, when it changed.
 fn write_orders(dir: &Path, pod: &Pod) -> Result<(), InstanceError> {
-    let orders =
-        [("role", pod.labels().get(ROLE_LABEL)), ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS))];
+    let orders = [
+        ("role", pod.labels().get(ROLE_LABEL)),
+        ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS)),
+        ("primary", pod.annotations().get(PRIMARY)),
+    ];
     for (file, value) in orders {
         let Some(value) = value else { continue };
         let path = dir.join(file);
@@ -120,6 +128,17 @@ impl Reporter {
     pub fn forget(&mut self) {
         self.last = None;
     }
+
+    /// The server has not answered since `answered_last`: the last report,
+    /// marked unresponsive, once that has lasted `UNRESPONSIVE_AFTER` (never
+    /// before the server first answered: one starting up is not hung).
+    pub fn silence(&self, answered_last: Option<Instant>, now: Instant) -> Option<InstanceReport> {
+        let (last, _) = self.last.as_ref()?;
+        if last.unresponsive || now.duration_since(answered_last?) < UNRESPONSIVE_AFTER {
+            return None;
+        }
+        Some(InstanceReport { unresponsive: true, ..last.clone() })
+    }
 }
 
 /// Runs until SIGTERM: look, report what changed, wait.
@@ -131,6 +150,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
     let server = Server { socket_dir: args.socket_dir, port: args.port, bin_dir: args.bin_dir };
     let mut reporter = Reporter::default();
     let mut failing_since: Option<Instant> = None;
+    let mut answered_last: Option<Instant> = None;
     // The position request answered last (sticky in every later report).
     let mut answering: Option<String> = None;
     tracing::info!(namespace, pod, "instance manager started");
@@ -160,28 +180,36 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                 None => return Ok(()),
             },
         }
-        match server.probe(Duration::from_secs(5)).await {
+        let seen = match server.probe(LOOK_TIMEOUT).await {
             Ok(mut seen) => {
                 failing_since = None;
+                answered_last = Some(Instant::now());
                 seen.answering = answering.clone();
-                if reporter.consider(&seen, Instant::now()) {
-                    let patch = json!({"metadata": {"annotations": {ANNOTATION: serde_json::to_string(&seen).unwrap_or_default()}}});
-                    match pods.patch(&pod, &PatchParams::apply(FIELD_MANAGER), &Patch::Merge(&patch)).await {
-                        Ok(_) => tracing::debug!(namespace, pod, role = ?seen.role, lsn = seen.lsn, "reported"),
-                        Err(error) => {
-                            tracing::warn!(namespace, pod, %error, "could not report");
-                            reporter.forget();
-                        }
-                    }
-                }
+                reporter.consider(&seen, Instant::now()).then_some(seen)
             }
-            // Starting, restarting or recovering: the pod's readiness says so already.
+            // Starting, restarting or recovering (the pod's readiness says so), or hung.
             Err(error) => {
                 let since = *failing_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= Duration::from_secs(30) {
                     tracing::warn!(namespace, pod, %error, "PostgreSQL does not answer");
                     failing_since = Some(Instant::now());
                 }
+                let silent = reporter.silence(answered_last, Instant::now());
+                if let Some(silent) = &silent {
+                    tracing::warn!(namespace, pod, %error, "PostgreSQL stopped answering: reporting it unresponsive");
+                    reporter.consider(silent, Instant::now());
+                }
+                silent
+            }
+        };
+        let Some(seen) = seen else { continue };
+        let patch =
+            json!({"metadata": {"annotations": {ANNOTATION: serde_json::to_string(&seen).unwrap_or_default()}}});
+        match pods.patch(&pod, &PatchParams::apply(FIELD_MANAGER), &Patch::Merge(&patch)).await {
+            Ok(_) => tracing::debug!(namespace, pod, role = ?seen.role, lsn = seen.lsn, "reported"),
+            Err(error) => {
+                tracing::warn!(namespace, pod, %error, "could not report");
+                reporter.forget();
             }
         }
     }
@@ -217,6 +245,7 @@ mod tests {
             streaming: false,
             answering: None,
             replicas: vec![ReplicaReport { name: "db-1".into(), state: "streaming".into(), lag_bytes: Some(lag) }],
+            unresponsive: false,
         }
     }
 
@@ -242,5 +271,20 @@ mod tests {
         assert!(reporter.consider(&replica, start + Duration::from_millis(20)));
         reporter.forget();
         assert!(reporter.consider(&replica, start + Duration::from_millis(30)), "a refused report is sent again");
+    }
+
+    #[test]
+    fn a_server_that_stops_answering_is_reported_unresponsive_once() {
+        let mut reporter = Reporter::default();
+        let start = Instant::now();
+        assert_eq!(reporter.silence(None, start + Duration::from_secs(60)), None, "nothing reported yet");
+        assert!(reporter.consider(&primary("0/100", 0), start));
+        assert_eq!(reporter.silence(None, start + Duration::from_secs(60)), None, "never answered: starting");
+        assert_eq!(reporter.silence(Some(start), start + Duration::from_secs(1)), None, "too soon");
+        let silent = reporter.silence(Some(start), start + UNRESPONSIVE_AFTER).expect("unresponsive");
+        assert!(silent.unresponsive && silent.lsn == "0/100", "{silent:?}");
+        assert!(reporter.consider(&silent, start + UNRESPONSIVE_AFTER), "a change of shape: sent at once");
+        assert_eq!(reporter.silence(Some(start), start + UNRESPONSIVE_AFTER * 2), None, "said once");
+        assert!(reporter.consider(&primary("0/100", 0), start + UNRESPONSIVE_AFTER * 3), "answering again");
     }
 }

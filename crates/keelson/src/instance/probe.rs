@@ -66,7 +66,7 @@ impl Server {
         command
             .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "postgres"])
             .args(["-h", &self.socket_dir, "-p", &self.port.to_string(), "-c", QUERY])
-            .env("PGCONNECT_TIMEOUT", "3")
+            .env("PGCONNECT_TIMEOUT", "2")
             .kill_on_drop(true);
         let output = tokio::time::timeout(timeout, command.output())
             .await

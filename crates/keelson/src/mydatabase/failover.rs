@@ -7,7 +7,13 @@
 //! positions at that moment (a request annotation their managers answer at
 //! once), and the one that received the most WAL is promoted: with
 //! synchronous replication to at least one replica, it holds every commit a
-//! client saw acknowledged. Pure: the reconcile does the I/O.
+//! client saw acknowledged. A PostgreSQL that answered before and stopped
+//! answering (hung) counts as lost too: its manager says so in its report.
+//!
+//! A switchover is the same path, begun by Keelson: the primary is stepped
+//! down first (it shuts down cleanly, its replicas receive everything it
+//! wrote), then the replica asked for wins among equals. Pure: the reconcile
+//! does the I/O.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -71,8 +77,26 @@ fn lost(pod: Option<&Pod>) -> Option<String> {
         Some(c) if c.restart_count > 0 && c.state.as_ref().and_then(|s| s.running.as_ref()).is_none() => {
             Some("its PostgreSQL container stopped".into())
         }
+        _ if instances::report(pod).is_some_and(|r| r.unresponsive) => Some("its PostgreSQL stopped answering".into()),
         _ => None,
     }
+}
+
+/// Why `target` cannot take over from `primary` in a switchover, if it cannot:
+/// it must be a ready replica of this database, streaming, answering.
+pub fn switchover_refusal(target: &str, primary: &str, pods: &[Pod]) -> Option<String> {
+    let Some(pod) = pods.iter().find(|p| p.name_any() == target) else {
+        let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+        return Some(format!("{target} is not a pod of this database (its pods: {})", names.join(", ")));
+    };
+    if target == primary {
+        return Some(format!("{target} is the primary already"));
+    }
+    let report = instances::report(pod);
+    let healthy = lost(Some(pod)).is_none()
+        && crate::runtime::pods::is_ready(pod)
+        && report.as_ref().is_some_and(|r| r.role == Role::Replica && r.streaming);
+    (!healthy).then(|| format!("{target} is not a healthy replica (it must be ready and streaming from {primary})"))
 }
 
 /// The answer `pod` gave to the position request `token`, if it gave it.
@@ -80,10 +104,22 @@ pub fn answer(pod: &Pod, token: &str) -> Option<InstanceReport> {
     instances::report(pod).filter(|r| r.answering.as_deref() == Some(token))
 }
 
-/// `asked`: the position request already sent in this failover, if any;
-/// `waited_enough`: replicas that have not answered it by now are taken for
-/// dead, and the best of those that did is promoted.
-pub fn decide(primary: &str, pods: &[Pod], asked: Option<&str>, waited_enough: bool) -> Decision {
+/// Where a failover or switchover stands.
+#[derive(Debug, Default)]
+pub struct Situation<'a> {
+    /// The position request already sent, if any.
+    pub asked: Option<&'a str>,
+    /// A switchover stepped the primary down, for this reason.
+    pub stepping_down: Option<&'a str>,
+    /// A switchover's target: promoted when it received as much as any other.
+    pub prefer: Option<&'a str>,
+    /// Replicas that have not answered by now are taken for dead, and the
+    /// best of those that did is promoted.
+    pub waited_enough: bool,
+}
+
+pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
+    let Situation { asked, stepping_down, prefer, waited_enough } = *situation;
     let current = pods.iter().find(|p| p.name_any() == primary);
     // A pod of that name without the role is a new one (the StatefulSet
     // replaced the primary's pod, or the database is starting): it serves
@@ -91,7 +127,10 @@ pub fn decide(primary: &str, pods: &[Pod], asked: Option<&str>, waited_enough: b
     let unlabelled = current
         .filter(|p| p.labels().get(names::ROLE_LABEL).map(String::as_str) != Some(super::services::PRIMARY))
         .map(|_| "its pod was replaced".to_string());
-    let Some(why) = lost(current).or(unlabelled) else { return Decision::Keep(primary.to_string()) };
+    let stepped_down = stepping_down.map(str::to_string);
+    let Some(why) = stepped_down.or_else(|| lost(current)).or(unlabelled) else {
+        return Decision::Keep(primary.to_string());
+    };
     // Live replicas: running pods, not leaving, whose manager said they replicate.
     let candidates: Vec<&Pod> = pods
         .iter()
@@ -117,10 +156,13 @@ pub fn decide(primary: &str, pods: &[Pod], asked: Option<&str>, waited_enough: b
         return Decision::AskPositions { lost: primary.to_string(), why, token: token.to_string(), ask: names };
     }
     let position = |r: &InstanceReport| r.received_lsn.as_deref().or(Some(&r.lsn)).and_then(parse_lsn).unwrap_or(0);
-    // The most WAL received; among equals, the lowest name (a stable choice).
+    // The most WAL received; among equals, the preferred one, then the lowest name (a stable choice).
+    let preferred = |name: &String| Some(name.as_str()) == prefer;
     let to = answers
         .iter()
-        .max_by(|(a_name, a), (b_name, b)| position(a).cmp(&position(b)).then(b_name.cmp(a_name)))
+        .max_by(|(a_name, a), (b_name, b)| {
+            position(a).cmp(&position(b)).then(preferred(a_name).cmp(&preferred(b_name))).then(b_name.cmp(a_name))
+        })
         .map(|(name, _)| name.clone())
         .unwrap_or_default();
     let positions = answers
@@ -151,6 +193,7 @@ mod tests {
             streaming: role == Role::Replica && answering.is_none(),
             answering: answering.map(str::to_string),
             replicas: vec![],
+            unresponsive: false,
         };
         let mut pod = Pod::default();
         pod.metadata.name = Some(name.into());
@@ -184,14 +227,14 @@ mod tests {
     fn a_serving_primary_stays_and_a_replaced_one_is_lost() {
         let pods =
             [labelled(pod("db-0", Role::Primary, "0/500", None), "primary"), pod("db-1", Role::Replica, "0/500", None)];
-        assert_eq!(decide("db-0", &pods, None, false), Decision::Keep("db-0".into()));
+        assert_eq!(decide("db-0", &pods, &Situation::default()), Decision::Keep("db-0".into()));
         // The StatefulSet's new pod of the same name has no role yet.
         let pods = [pod("db-0", Role::Primary, "0/500", None), pod("db-1", Role::Replica, "0/500", None)];
         assert!(
-            matches!(decide("db-0", &pods, None, false), Decision::AskPositions { ref why, .. } if why == "its pod was replaced")
+            matches!(decide("db-0", &pods, &Situation::default()), Decision::AskPositions { ref why, .. } if why == "its pod was replaced")
         );
         // Starting: no replica yet, so the first pod is given the role.
-        assert!(matches!(decide("db-0", &pods[..1], None, false), Decision::NoCandidate { .. }));
+        assert!(matches!(decide("db-0", &pods[..1], &Situation::default()), Decision::NoCandidate { .. }));
     }
 
     #[test]
@@ -199,14 +242,25 @@ mod tests {
         let pods = [pod("db-1", Role::Replica, "0/500", Some("t1")), pod("db-2", Role::Replica, "0/700", None)];
         // First the question, then waiting for db-2's answer.
         assert!(
-            matches!(decide("db-0", &pods, None, false), Decision::AskPositions { ref ask, .. } if ask == &["db-1", "db-2"])
+            matches!(decide("db-0", &pods, &Situation::default()), Decision::AskPositions { ref ask, .. } if ask == &["db-1", "db-2"])
         );
-        assert!(matches!(decide("db-0", &pods, Some("t1"), false), Decision::AskPositions { .. }));
+        assert!(matches!(
+            decide("db-0", &pods, &Situation { asked: Some("t1"), ..Default::default() }),
+            Decision::AskPositions { .. }
+        ));
         // db-2's old report said more, but only answers count: past the wait, db-1 is taken.
-        let Decision::Promote(promotion) = decide("db-0", &pods, Some("t1"), true) else { panic!("no promotion") };
+        let Decision::Promote(promotion) =
+            decide("db-0", &pods, &Situation { asked: Some("t1"), waited_enough: true, ..Default::default() })
+        else {
+            panic!("no promotion")
+        };
         assert_eq!(promotion.to, "db-1");
         let pods = [pod("db-1", Role::Replica, "0/500", Some("t1")), pod("db-2", Role::Replica, "1/0", Some("t1"))];
-        let Decision::Promote(promotion) = decide("db-0", &pods, Some("t1"), false) else { panic!("no promotion") };
+        let Decision::Promote(promotion) =
+            decide("db-0", &pods, &Situation { asked: Some("t1"), ..Default::default() })
+        else {
+            panic!("no promotion")
+        };
         assert_eq!(
             (promotion.from.as_str(), promotion.to.as_str(), promotion.why.as_str()),
             ("db-0", "db-2", "its pod is gone")
@@ -222,9 +276,76 @@ mod tests {
         still_streaming.metadata.annotations =
             Some([(ANNOTATION.to_string(), serde_json::to_string(&report).expect("json"))].into());
         let pods = [still_streaming, pod("db-2", Role::Replica, "0/500", Some("t1"))];
-        assert!(matches!(decide("db-0", &pods, Some("t1"), false), Decision::AskPositions { .. }));
-        let Decision::Promote(promotion) = decide("db-0", &pods, Some("t1"), true) else { panic!("no promotion") };
+        assert!(matches!(
+            decide("db-0", &pods, &Situation { asked: Some("t1"), ..Default::default() }),
+            Decision::AskPositions { .. }
+        ));
+        let Decision::Promote(promotion) =
+            decide("db-0", &pods, &Situation { asked: Some("t1"), waited_enough: true, ..Default::default() })
+        else {
+            panic!("no promotion")
+        };
         assert_eq!(promotion.to, "db-1", "past the wait, the most advanced all the same");
+    }
+
+    #[test]
+    fn a_switchover_steps_a_serving_primary_down_and_its_target_wins_among_equals() {
+        let pods = [
+            labelled(pod("db-0", Role::Primary, "0/900", None), "replica"),
+            pod("db-1", Role::Replica, "0/900", Some("t1")),
+            pod("db-2", Role::Replica, "0/900", Some("t1")),
+        ];
+        let situation = Situation {
+            asked: Some("t1"),
+            stepping_down: Some("switchover to db-2 requested"),
+            prefer: Some("db-2"),
+            waited_enough: false,
+        };
+        let Decision::Promote(promotion) = decide("db-0", &pods, &situation) else { panic!("no promotion") };
+        assert_eq!((promotion.to.as_str(), promotion.why.as_str()), ("db-2", "switchover to db-2 requested"));
+        // A target that received less does not win: nothing acknowledged may be lost.
+        let behind = [pods[0].clone(), pod("db-1", Role::Replica, "0/A00", Some("t1")), pods[2].clone()];
+        let Decision::Promote(promotion) = decide("db-0", &behind, &situation) else { panic!("no promotion") };
+        assert_eq!(promotion.to, "db-1");
+    }
+
+    #[test]
+    fn switchover_targets_must_be_streaming_replicas_of_this_database() {
+        let pods = [
+            labelled(pod("db-0", Role::Primary, "0/900", None), "primary"),
+            pod("db-1", Role::Replica, "0/900", None),
+            pod("db-2", Role::Replica, "0/900", None),
+        ];
+        let ready = |mut pod: Pod| {
+            let condition = k8s_openapi::api::core::v1::PodCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            };
+            if let Some(status) = pod.status.as_mut() {
+                status.conditions = Some(vec![condition]);
+            }
+            pod
+        };
+        let pods = [pods[0].clone(), ready(pods[1].clone()), pods[2].clone()];
+        assert_eq!(switchover_refusal("db-1", "db-0", &pods), None);
+        assert!(switchover_refusal("db-2", "db-0", &pods).is_some_and(|r| r.contains("not a healthy replica")));
+        assert!(switchover_refusal("db-0", "db-0", &pods).is_some_and(|r| r.contains("primary already")));
+        assert!(switchover_refusal("other-0", "db-0", &pods).is_some_and(|r| r.contains("not a pod of this database")));
+    }
+
+    #[test]
+    fn a_primary_that_stopped_answering_is_lost() {
+        let mut hung = labelled(pod("db-0", Role::Primary, "0/900", None), "primary");
+        let mut report = instances::report(&hung).expect("report");
+        report.unresponsive = true;
+        hung.metadata.annotations =
+            Some([(ANNOTATION.to_string(), serde_json::to_string(&report).expect("json"))].into());
+        let pods = [hung, pod("db-1", Role::Replica, "0/900", None)];
+        assert!(matches!(
+            decide("db-0", &pods, &Situation::default()),
+            Decision::AskPositions { ref why, .. } if why == "its PostgreSQL stopped answering"
+        ));
     }
 
     #[test]
@@ -233,7 +354,7 @@ mod tests {
         leaving.metadata.deletion_timestamp = Some(crate::runtime::status::now());
         let mut dead = pod("db-1", Role::Replica, "0/500", None);
         dead.status = None;
-        let decision = decide("db-0", &[leaving, dead], None, false);
+        let decision = decide("db-0", &[leaving, dead], &Situation::default());
         assert_eq!(decision, Decision::NoCandidate { lost: "db-0".into(), why: "its pod is being deleted".into() });
     }
 

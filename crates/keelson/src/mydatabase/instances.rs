@@ -89,6 +89,7 @@ mod tests {
             streaming: false,
             answering: None,
             replicas: vec![ReplicaReport { name: "db-1".into(), state: "streaming".into(), lag_bytes: Some(4096) }],
+            unresponsive: false,
         }
     }
 

@@ -17,6 +17,7 @@ pub mod observed;
 pub mod pdb;
 pub mod reconcile;
 pub mod restore;
+pub mod rollout;
 pub mod scripts;
 pub mod services;
 pub mod statefulset;
@@ -66,7 +67,7 @@ pub const RBAC: &[Permission] = &[
         resources: &["persistentvolumeclaims"],
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
     },
-    Permission { group: "", resources: &["pods"], verbs: &["list", "watch", "patch"] },
+    Permission { group: "", resources: &["pods"], verbs: &["list", "watch", "patch", "delete"] },
     // The instance managers' identity; granting pods/patch needs holding it (above).
     Permission { group: "", resources: &["serviceaccounts"], verbs: &["get", "list", "watch", "create", "patch"] },
     Permission {
@@ -158,12 +159,7 @@ pub async fn run(params: RunParams) {
     };
     drive(
         controller,
-        Arc::new(reconcile::MyDatabaseReconciler {
-            ctx,
-            caches,
-            failovers: Default::default(),
-            last_failovers: Default::default(),
-        }),
+        Arc::new(reconcile::MyDatabaseReconciler { ctx, caches, primaries: Default::default() }),
         on_synced,
     )
     .await;

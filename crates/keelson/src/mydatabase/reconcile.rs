@@ -21,11 +21,12 @@ use super::failover::{self, Decision};
 use super::instance_access::{self, InstanceAccess};
 use super::observed::{self, Caches, Observed};
 use super::restore::{self, Progress, Restore};
+use super::rollout::{self, Step};
 use super::statefulset::StorageChange;
-use super::{backup, credentials, deletion, names, pdb, scripts, services, statefulset, status, validation};
+use super::{backup, credentials, deletion, instances, names, pdb, scripts, services, statefulset, status, validation};
 use crate::Result;
-use crate::api::instance::{POSITION_REQUEST, SYNCHRONOUS_STANDBYS};
-use crate::api::mydatabase::{FailoverRecord, MyDatabase, MyDatabaseStatus, ReplicationMode};
+use crate::api::instance::{POSITION_REQUEST, PRIMARY, Role, SYNCHRONOUS_STANDBYS};
+use crate::api::mydatabase::{FailoverRecord, MyDatabase, MyDatabaseStatus, ReplicationMode, SWITCHOVER_ANNOTATION};
 use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -35,12 +36,43 @@ pub const FINALIZER: &str = "db.keelson.dev/cleanup";
 pub struct MyDatabaseReconciler {
     pub ctx: Arc<Context>,
     pub caches: Caches,
-    /// Failovers under way: the position request sent, and when (monotonic
-    /// and wall clock), by database.
-    pub failovers: Mutex<HashMap<String, (String, Instant, Time)>>,
-    /// The newest failover decided per database: status carries it even when
+    /// What this process decided about each database's primary (by
+    /// `namespace/name`): it outranks the caches, which may lag its own writes.
+    pub primaries: Mutex<HashMap<String, PrimaryState>>,
+}
+
+/// This process's decisions about one database's primary.
+#[derive(Clone, Debug, Default)]
+pub struct PrimaryState {
+    /// The primary chosen last (labels and status follow it).
+    chosen: Option<String>,
+    /// A failover or switchover under way.
+    pending: Option<Pending>,
+    /// The newest failover or switchover decided: status carries it even when
     /// a reconcile reads a cached MyDatabase from before that status write.
-    pub last_failovers: Mutex<HashMap<String, FailoverRecord>>,
+    last: Option<FailoverRecord>,
+    /// When `last` began, to measure its write downtime (status times are whole seconds).
+    last_began: Option<Instant>,
+}
+
+/// A failover or switchover waiting for the replicas' positions.
+#[derive(Clone, Debug)]
+struct Pending {
+    /// The position request sent, and when (monotonic and wall clock).
+    token: String,
+    asked_at: Instant,
+    lost_at: Time,
+    /// Why the primary counted as lost when the failover began (fencing may add reasons later).
+    why: String,
+    switchover: Option<Switchover>,
+}
+
+#[derive(Clone, Debug)]
+struct Switchover {
+    to: String,
+    why: String,
+    /// Asked for by the annotation (removed when done).
+    requested: bool,
 }
 
 /// How long a failover waits for every live replica's position before it
@@ -142,11 +174,11 @@ impl Reconciler for MyDatabaseReconciler {
         applier.apply_optional(&caches.disruption_budgets, &name, desired.disruption_budget).await;
         let backup_cron_job =
             applier.apply_optional(&caches.cron_jobs, &names::backup_cronjob(db), desired.backup_cron_job).await;
-        let (primary, failover_pending, failover) = self.elect_primary(db, &observed, applier).await;
-        let failover = failover.or_else(|| {
-            let key = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
-            self.last_failovers.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned()
-        });
+        let (primary, mut failover_pending) = self.elect_primary(db, &observed, applier).await;
+        if !failover_pending {
+            failover_pending = self.move_primary(db, &observed, statefulset.as_ref(), &primary, applier).await;
+        }
+        let failover = self.state(db).last;
         Observed {
             credentials,
             statefulset,
@@ -194,6 +226,7 @@ impl Reconciler for MyDatabaseReconciler {
     }
 
     async fn clean_up(&self, db: &MyDatabase, observed: &Observed, applier: &Applier<'_>) {
+        self.primaries.lock().unwrap_or_else(|p| p.into_inner()).remove(&key(db));
         deletion::clean_up(db, observed, &self.caches, &self.ctx, applier).await;
     }
 }
@@ -228,65 +261,109 @@ impl MyDatabaseReconciler {
     }
 }
 
+fn key(db: &MyDatabase) -> String {
+    format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any())
+}
+
 impl MyDatabaseReconciler {
+    fn state(&self, db: &MyDatabase) -> PrimaryState {
+        self.primaries.lock().unwrap_or_else(|p| p.into_inner()).get(&key(db)).cloned().unwrap_or_default()
+    }
+
+    fn update_state(&self, db: &MyDatabase, change: impl FnOnce(&mut PrimaryState)) {
+        change(self.primaries.lock().unwrap_or_else(|p| p.into_inner()).entry(key(db)).or_default());
+    }
+
     /// Keeps the primary Keelson chose (see `failover`), replacing a lost
-    /// one; returns it, and whether a failover waits for positions.
-    async fn elect_primary(
-        &self,
-        db: &MyDatabase,
-        observed: &Observed,
-        applier: &Applier<'_>,
-    ) -> (String, bool, Option<FailoverRecord>) {
+    /// one; returns it, and whether a failover or switchover waits for positions.
+    async fn elect_primary(&self, db: &MyDatabase, observed: &Observed, applier: &Applier<'_>) -> (String, bool) {
         let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
-        let key = format!("{namespace}/{name}");
+        let state = self.state(db);
         let status_primary = db.status.as_ref().and_then(|s| s.current_primary.as_deref());
-        let recorded = failover::recorded_primary(&observed.pods, status_primary, &names::statefulset(db));
-        let asked = self.failovers.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
-        let waited = asked.as_ref().is_some_and(|(_, at, _)| at.elapsed() >= POSITION_WAIT);
-        match failover::decide(&recorded, &observed.pods, asked.as_ref().map(|(token, _, _)| token.as_str()), waited) {
+        let recorded = state
+            .chosen
+            .clone()
+            .unwrap_or_else(|| failover::recorded_primary(&observed.pods, status_primary, &names::statefulset(db)));
+        let pending = state.pending.as_ref();
+        let waited = pending.is_some_and(|p| p.asked_at.elapsed() >= POSITION_WAIT);
+        let switchover = pending.and_then(|p| p.switchover.as_ref());
+        let situation = failover::Situation {
+            asked: pending.map(|p| p.token.as_str()),
+            stepping_down: switchover.map(|s| s.why.as_str()),
+            prefer: switchover.map(|s| s.to.as_str()),
+            waited_enough: waited,
+        };
+        match failover::decide(&recorded, &observed.pods, &situation) {
             Decision::Keep(primary) => {
-                self.failovers.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                let serving = observed.pods.iter().find(|p| p.name_any() == primary).and_then(instances::report);
+                let serving = serving.is_some_and(|r| r.role == Role::Primary && !r.unresponsive);
+                self.update_state(db, |state| {
+                    state.chosen = Some(primary.clone());
+                    state.pending = None;
+                    // The first report of the promoted instance taking writes ends the downtime.
+                    if let Some(record) = state.last.as_mut().filter(|r| r.to == primary && r.serving_at.is_none())
+                        && serving
+                    {
+                        record.writes_down_ms = state.last_began.map(|began| began.elapsed().as_millis() as i64);
+                        record.serving_at = Some(crate::runtime::status::now());
+                    }
+                });
                 label_pods(db, &observed.pods, &primary, applier).await;
-                (primary, false, None)
+                (primary, false)
             }
             Decision::AskPositions { lost, why, ask, token } => {
                 if token.is_empty() {
-                    let token = format!("{lost}@{}", crate::runtime::status::now().0.as_millisecond());
                     tracing::warn!(namespace, name, primary = lost, why, replicas = ?ask, "primary lost; asking the replicas for their positions");
-                    let patch = json!({"metadata": {"annotations": {POSITION_REQUEST: token}}});
-                    for pod in &ask {
-                        applier.merge_patch::<Pod>(pod, &patch, "ask-position").await;
-                    }
-                    let asked = (token, Instant::now(), crate::runtime::status::now());
-                    self.failovers.lock().unwrap_or_else(|p| p.into_inner()).insert(key, asked);
+                    fence_unresponsive(db, &observed.pods, &lost, applier).await;
+                    let pending = ask_positions(&lost, &why, &ask, None, applier).await;
+                    self.update_state(db, |state| state.pending = Some(pending));
                 }
-                (recorded, true, None)
+                (recorded, true)
             }
             Decision::Promote(promotion) => {
-                let lost_at =
-                    self.failovers.lock().unwrap_or_else(|p| p.into_inner()).remove(&key).map(|(_, _, at)| at);
+                let lost_at = state.pending.as_ref().map(|p| p.lost_at.clone());
+                let began = state.pending.as_ref().map(|p| p.asked_at);
+                let why = state.pending.as_ref().map_or(promotion.why.clone(), |p| p.why.clone());
                 let positions: Vec<String> =
                     promotion.positions.iter().map(|(pod, lsn)| format!("{pod} at {lsn}")).collect();
-                let note = format!(
-                    "failover: primary {} lost ({}); promoted {}, the replica that received the most WAL ({})",
+                let (kind, event_type) = match switchover {
+                    Some(_) => ("Switchover", EventType::Normal),
+                    None => ("Failover", EventType::Warning),
+                };
+                let mut note = format!(
+                    "{}: primary {} ({}); promoted {}, the replica that received the most WAL ({})",
+                    kind.to_lowercase(),
                     promotion.from,
-                    promotion.why,
+                    why,
                     promotion.to,
                     positions.join(", ")
                 );
+                if let Some(wanted) = switchover.map(|s| &s.to).filter(|to| **to != promotion.to) {
+                    note.push_str(&format!("; {wanted} had received less"));
+                }
                 tracing::warn!(namespace, name, from = promotion.from, to = promotion.to, "{note}");
                 label_pods(db, &observed.pods, &promotion.to, applier).await;
-                self.ctx.event(&db.object_ref(&()), EventType::Warning, "Failover", "Promote", note).await;
+                self.ctx.event(&db.object_ref(&()), event_type, kind, "Promote", note).await;
+                if switchover.is_some_and(|s| s.requested) {
+                    forget_switchover_request(db, applier).await;
+                }
                 let record = FailoverRecord {
+                    kind: kind.into(),
                     from: promotion.from,
                     to: promotion.to.clone(),
-                    reason: promotion.why,
+                    reason: why,
                     lost_at,
                     promoted_at: Some(crate::runtime::status::now()),
                     positions,
+                    ..Default::default()
                 };
-                self.last_failovers.lock().unwrap_or_else(|p| p.into_inner()).insert(key, record.clone());
-                (promotion.to, false, Some(record))
+                self.update_state(db, |state| {
+                    state.chosen = Some(promotion.to.clone());
+                    state.pending = None;
+                    state.last = Some(record);
+                    state.last_began = began;
+                });
+                (promotion.to, false)
             }
             Decision::NoCandidate { lost, why } => {
                 // Starting, or every replica is gone too: the pod on record keeps (or gets) the role.
@@ -298,11 +375,141 @@ impl MyDatabaseReconciler {
                 } else {
                     tracing::warn!(namespace, name, primary = lost, why, "primary lost and no replica can take over");
                 }
+                self.update_state(db, |state| {
+                    state.chosen = Some(lost.clone());
+                    state.pending = None;
+                });
                 label_pods(db, &observed.pods, &lost, applier).await;
-                (lost, false, None)
+                (lost, false)
             }
         }
     }
+
+    /// Moves the primary when asked to (the switchover annotation) or when a
+    /// rollout needs it, and replaces outdated pods (see `rollout`). True when
+    /// a switchover began.
+    async fn move_primary(
+        &self,
+        db: &MyDatabase,
+        observed: &Observed,
+        statefulset: Option<&StatefulSet>,
+        primary: &str,
+        applier: &Applier<'_>,
+    ) -> bool {
+        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        if let Some(target) = db.annotations().get(SWITCHOVER_ANNOTATION) {
+            let why = format!("switchover to {target} requested");
+            match failover::switchover_refusal(target, primary, &observed.pods) {
+                None => return self.switch_over(db, observed, primary, target, why, true, applier).await,
+                Some(refusal) => {
+                    let already = target == primary;
+                    if !already {
+                        tracing::warn!(namespace, name, target, "switchover refused: {refusal}");
+                        let note = format!("switchover to {target} refused: {refusal}");
+                        self.ctx
+                            .event(&db.object_ref(&()), EventType::Warning, "SwitchoverRefused", "Switchover", note)
+                            .await;
+                    }
+                    forget_switchover_request(db, applier).await;
+                    return false;
+                }
+            }
+        }
+        let Some(statefulset) = statefulset else { return false };
+        match rollout::next_step(statefulset, &observed.pods, primary) {
+            Step::Done => false,
+            Step::Wait(reason) => {
+                tracing::debug!(namespace, name, "rollout waits for {reason}");
+                false
+            }
+            Step::Replace(pod) => {
+                let revision = statefulset.status.as_ref().and_then(|s| s.update_revision.clone()).unwrap_or_default();
+                let note = format!("replacing {pod} with the new pod template (revision {revision})");
+                tracing::info!(namespace, name, pod, "{note}");
+                if applier.delete::<Pod>(&pod, &DeleteParams::default()).await {
+                    self.ctx.event(&db.object_ref(&()), EventType::Normal, "RollingUpdate", "Replace", note).await;
+                }
+                false
+            }
+            Step::SwitchoverTo(target) => {
+                let why = "rolling update: the primary's pod is the last outdated".to_string();
+                self.switch_over(db, observed, primary, &target, why, false, applier).await
+            }
+        }
+    }
+
+    /// Begins a switchover: the primary is stepped down first (it leaves
+    /// `-rw` and shuts down cleanly, its replicas receive all it wrote), and
+    /// the replicas are asked for their positions; `elect_primary` promotes.
+    #[allow(clippy::too_many_arguments)]
+    async fn switch_over(
+        &self,
+        db: &MyDatabase,
+        observed: &Observed,
+        primary: &str,
+        target: &str,
+        why: String,
+        requested: bool,
+        applier: &Applier<'_>,
+    ) -> bool {
+        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        tracing::info!(namespace, name, from = primary, to = target, why, "switchover: stepping the primary down");
+        let patch = json!({"metadata": {"labels": {names::ROLE_LABEL: services::REPLICA}}});
+        if !applier.merge_patch::<Pod>(primary, &patch, "step-down").await {
+            return false;
+        }
+        let replicas: Vec<String> = observed
+            .pods
+            .iter()
+            .map(|p| p.name_any())
+            .filter(|p| p != primary && failover::switchover_refusal(p, primary, &observed.pods).is_none())
+            .collect();
+        let switchover = Switchover { to: target.to_string(), why, requested };
+        let why = switchover.why.clone();
+        let pending = ask_positions(primary, &why, &replicas, Some(switchover), applier).await;
+        self.update_state(db, |state| state.pending = Some(pending));
+        true
+    }
+}
+
+/// A primary that stopped answering may answer again (a frozen process, a
+/// stalled disk): before another is promoted, its pod is deleted (killed by
+/// the kubelet after a second) and relabelled, so it can never take writes
+/// beside the new primary. Its replacement rejoins as a replica.
+async fn fence_unresponsive(db: &MyDatabase, pods: &[Pod], lost: &str, applier: &Applier<'_>) {
+    let Some(pod) = pods.iter().find(|p| p.name_any() == lost && p.metadata.deletion_timestamp.is_none()) else {
+        return;
+    };
+    if !instances::report(pod).is_some_and(|r| r.unresponsive) {
+        return;
+    }
+    let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    tracing::warn!(namespace, name, pod = lost, "fencing the unresponsive primary: deleting its pod");
+    let patch = json!({"metadata": {"labels": {names::ROLE_LABEL: services::REPLICA}}});
+    applier.merge_patch::<Pod>(lost, &patch, "fence").await;
+    applier.delete::<Pod>(lost, &DeleteParams { grace_period_seconds: Some(1), ..Default::default() }).await;
+}
+
+/// Asks `replicas` for their positions now (a request their managers answer at once).
+async fn ask_positions(
+    lost: &str,
+    why: &str,
+    replicas: &[String],
+    switchover: Option<Switchover>,
+    applier: &Applier<'_>,
+) -> Pending {
+    let token = format!("{lost}@{}", crate::runtime::status::now().0.as_millisecond());
+    let patch = json!({"metadata": {"annotations": {POSITION_REQUEST: token}}});
+    for pod in replicas {
+        applier.merge_patch::<Pod>(pod, &patch, "ask-position").await;
+    }
+    Pending { token, asked_at: Instant::now(), lost_at: crate::runtime::status::now(), why: why.into(), switchover }
+}
+
+/// Removes the switchover annotation: the request is done, or refused (an Event says why).
+async fn forget_switchover_request(db: &MyDatabase, applier: &Applier<'_>) {
+    let patch = json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: null}}});
+    applier.merge_patch::<MyDatabase>(&db.name_any(), &patch, "switchover-done").await;
 }
 
 /// `synchronous_standby_names` for the primary: ANY 1 of the replicas when
@@ -324,10 +531,13 @@ async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Appl
         let role = wanted(pod);
         if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role)
             && pod.annotations().get(SYNCHRONOUS_STANDBYS).map(String::as_str) == Some(synchronous)
+            && pod.annotations().get(PRIMARY).map(String::as_str) == Some(primary)
         {
             continue;
         }
-        let patch = json!({"metadata": {"labels": {names::ROLE_LABEL: role}, "annotations": {SYNCHRONOUS_STANDBYS: synchronous}}});
+        let patch = json!({"metadata": {
+            "labels": {names::ROLE_LABEL: role},
+            "annotations": {SYNCHRONOUS_STANDBYS: synchronous, PRIMARY: primary}}});
         if applier.merge_patch::<Pod>(&pod.name_any(), &patch, "label").await {
             tracing::info!(namespace = ?pod.namespace(), pod = %pod.name_any(), role, "labelled pod role");
         }
@@ -393,8 +603,7 @@ mod tests {
         Arc::new(MyDatabaseReconciler {
             ctx: Context::new(client, Arc::new(Metrics::default()), crate::runtime::Settings::default()),
             caches,
-            failovers: Default::default(),
-            last_failovers: Default::default(),
+            primaries: Default::default(),
         })
     }
 

@@ -244,8 +244,10 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                 .into_iter()
                 .chain(instance_env(db))
                 .chain([
-                    // Whichever pod is the primary: replicas clone, stream and rejoin through -rw.
+                    // Whichever pod is the primary: replicas clone and rejoin through -rw,
+                    // then stream from the chosen pod by its name in the headless Service.
                     env("PRIMARY_HOST", names::rw_service(db)),
+                    env("PEER_DOMAIN", names::headless_service(db)),
                     env("PRIMARY_PORT", PORT.to_string()),
                     env("CREDENTIALS_DIR", CREDENTIALS_MOUNT),
                     // The operator's orders (role, synchronous standbys), from the instance manager.
@@ -298,11 +300,9 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
             selector: LabelSelector { match_labels: Some(names::pod_selector(db)), ..Default::default() },
             // Replicas clone the primary, so they start after it, in order.
             pod_management_policy: Some("OrderedReady".into()),
-            // Rolling updates go from the highest ordinal down: replicas first, primary last.
-            update_strategy: Some(StatefulSetUpdateStrategy {
-                type_: Some("RollingUpdate".into()),
-                ..Default::default()
-            }),
+            // Keelson replaces outdated pods itself: replicas one at a time,
+            // then a switchover, then the former primary (see `rollout`).
+            update_strategy: Some(StatefulSetUpdateStrategy { type_: Some("OnDelete".into()), ..Default::default() }),
             // Data volumes outlive the StatefulSet; the deletion policy decides their fate.
             persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
                 when_deleted: Some("Retain".into()),

@@ -29,7 +29,8 @@
 # BACKUP_DIR, BACKUP_SOURCE_HOST, TERMINATION_LOG, RETENTION (e.g. 7d, 12h, 4w), PGBIN (folder of the PostgreSQL
 # binaries, default: from PATH), POD_NAME (for `start`), PGHOST (the local
 # socket folder for `ready`, default /var/run/postgresql), ORDERS_DIR (the
-# files the instance manager writes from the pod: `role`, `synchronous-standbys`).
+# files the instance manager writes from the pod: `role`, `synchronous-standbys`,
+# `primary`), PEER_DOMAIN (the headless Service: `<pod>.$PEER_DOMAIN` is a pod).
 set -euo pipefail
 
 PGPORT="${PGPORT:-5432}"
@@ -232,18 +233,21 @@ start() {
 
 # The operator's later orders, once PostgreSQL runs: promote a replica chosen
 # as primary; stop a primary that was stepped down (the pod's container
-# restarts and `start` rejoins it as a replica: never two primaries); set
-# the primary's synchronous standbys.
+# restarts and `start` rejoins it as a replica: never two primaries); stream
+# from the pod chosen as primary; set the primary's synchronous standbys.
 follow_orders() {
-  local socket="${PGHOST:-/var/run/postgresql}" role wanted state in_recovery streaming current
-  local sql=("$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
+  local socket="${PGHOST:-/var/run/postgresql}" role primary wanted state in_recovery streaming source current
+  # A hung server must not hang the orders: give up on a connection after a few seconds.
+  local sql=(env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
   role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" || return 0
   # One look at the server answers every question below.
-  state="$("${sql[@]}" -F ' ' -c "SELECT pg_is_in_recovery(),
+  state="$("${sql[@]}" -F '|' -c "SELECT pg_is_in_recovery(),
       EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
+      coalesce(substring(current_setting('primary_conninfo') from 'host=''?([^'' ]+)'), ''),
       current_setting('synchronous_standby_names')" 2>/dev/null)" || return 0
-  read -r in_recovery streaming current <<<"$state"
+  IFS='|' read -r in_recovery streaming source current <<<"$state"
   STREAMING="$streaming" IN_RECOVERY="$in_recovery"
+  primary="$(cat "$ORDERS_DIR/primary" 2>/dev/null)" || primary=""
   if [[ "$role" == primary && "$in_recovery" == t ]]; then
     log "chosen as the primary: promoting"
     # The checkpoint puts the new timeline in the control file at once: a
@@ -253,6 +257,11 @@ follow_orders() {
     log "no longer the primary: stopping; it comes back as a replica"
     "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null || true
     return 0
+  elif [[ "$role" == replica && -n "$primary" && "$primary" != "${POD_NAME:-}" && -n "${PEER_DOMAIN:-}" \
+          && "$source" != "$primary.$PEER_DOMAIN" ]]; then
+    # Straight to the chosen pod: a replica still attached to a hung former
+    # primary (its WAL senders live on) lets go of it now.
+    follow "$primary.$PEER_DOMAIN"
   elif [[ "$streaming" == t && -f "$(rejoin_marker)" ]]; then
     rm -f "$(rejoin_marker)"
     log "rejoined: streaming"
@@ -264,6 +273,28 @@ ALTER SYSTEM SET synchronous_standby_names = :'value';
 SELECT pg_reload_conf();
 SQL
   fi
+}
+
+# The replication password: the mounted Secret's (it follows rotation), else the environment's.
+replication_password() {
+  if [[ -n "${CREDENTIALS_DIR:-}" && -s "$CREDENTIALS_DIR/replication-password" ]]; then
+    cat "$CREDENTIALS_DIR/replication-password"
+  else
+    printf '%s' "$REPLICATION_PASSWORD"
+  fi
+}
+
+# Streams from HOST from now on (the WAL receiver reconnects on reload).
+follow() {
+  local host="$1" conninfo
+  conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica}"
+  conninfo+=" password=$(replication_password)"
+  env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
+      -d postgres -v ON_ERROR_STOP=1 -v conninfo="$conninfo" >/dev/null <<'SQL' || { log "could not follow $host"; return 1; }
+ALTER SYSTEM SET primary_conninfo = :'conninfo';
+SELECT pg_reload_conf();
+SQL
+  log "streams from $host"
 }
 
 # New orders are acted on within ORDERS_POLL; otherwise the server is looked
@@ -315,17 +346,13 @@ ALTER ROLE :"app_user" PASSWORD :'app_password';
 ALTER ROLE :"repl_user" PASSWORD :'repl_password';
 SQL
   else
-    local password conninfo
+    local password conninfo host
     password="$(cat "$dir/replication-password")"
     # Unchanged (as pg_basebackup -R wrote it): reconnecting would only interrupt streaming.
     conninfo="$("${sql[@]}" -c "SELECT current_setting('primary_conninfo')")" || return 1
     [[ " $conninfo " == *" password=$password "* || " $conninfo " == *" password='$password' "* ]] && return 0
-    conninfo="host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica}"
-    conninfo+=" password=$password"
-    "${sql[@]}" -v conninfo="$conninfo" <<'SQL' || return 1
-ALTER SYSTEM SET primary_conninfo = :'conninfo';
-SELECT pg_reload_conf();
-SQL
+    host="$("${sql[@]}" -c "SELECT substring(current_setting('primary_conninfo') from 'host=''?([^'' ]+)')")" || return 1
+    follow "${host:-$PRIMARY_HOST}" || return 1
   fi
   if [[ "$in_recovery" == f ]]; then log "credentials applied to the roles"; else log "credentials applied to streaming"; fi
 }
