@@ -261,6 +261,7 @@ async fn main() -> anyhow::Result<()> {
     let services: Api<Service> = Api::namespaced(client.clone(), APPS_NS);
     let cpu_before = sampler.cpu_seconds();
     let start = Instant::now();
+    let converging_since = chrono::Utc::now();
     let running = tokio::spawn(converge(apps.clone(), args.n, start, Duration::from_secs(1200), |a: &WebApp| {
         a.status
             .as_ref()
@@ -288,6 +289,14 @@ async fn main() -> anyhow::Result<()> {
     // 3. Rest: writes counted by the API server's audit log.
     operator.wait_idle(Duration::from_secs(120)).await?;
     let window_start = chrono::Utc::now();
+    // Convergence's writes: from the first WebApp's creation until the operator went idle.
+    let user = format!("system:serviceaccount:{SA_NAMESPACE}:{SA}");
+    let convergence_writes = measure::audited_writes_by_kind(&args.audit_log, &user, converging_since, window_start)?;
+    let convergence_total: u64 = convergence_writes.values().sum();
+    eprintln!(
+        "[bench] convergence: {convergence_total} writes ({:.2} per WebApp): {convergence_writes:?}",
+        convergence_total as f64 / args.n as f64
+    );
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
     let window_end = chrono::Utc::now();
     let idle_writes = measure::audited_writes(
@@ -373,6 +382,9 @@ async fn main() -> anyhow::Result<()> {
             "create_s": round(created_s),
             "direct_s": round(direct_s),
             "ratio": round(convergence_s / direct_s),
+            "convergence_writes": convergence_total,
+            "convergence_writes_per_webapp": round(convergence_total as f64 / args.n as f64),
+            "convergence_writes_by_kind": convergence_writes,
             "drift_trials": args.drift_trials,
             "drift_ms": {"p50": round(drift.p50), "p90": round(drift.p90), "p99": round(drift.p99), "max": round(drift.max)},
             "idle_seconds": args.idle_seconds,

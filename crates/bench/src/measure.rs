@@ -205,8 +205,18 @@ pub fn audited_writes(
     from: chrono::DateTime<chrono::Utc>,
     to: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<u64> {
+    Ok(audited_writes_by_kind(log, user, from, to)?.values().sum())
+}
+
+/// The same writes, counted by `verb resource[/subresource]` (e.g. `patch webapps/status`).
+pub fn audited_writes_by_kind(
+    log: &Path,
+    user: &str,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
     let file = std::fs::File::open(log).with_context(|| format!("cannot open audit log {}", log.display()))?;
-    let mut count = 0;
+    let mut counts = std::collections::BTreeMap::new();
     for line in std::io::BufReader::new(file).lines() {
         let Ok(entry) = serde_json::from_str::<Value>(&line?) else { continue };
         if entry["stage"] != "ResponseComplete" {
@@ -220,10 +230,16 @@ pub fn audited_writes(
         }
         let at = entry["stageTimestamp"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
         if at.is_some_and(|at| at >= from && at <= to) {
-            count += 1;
+            let object = &entry["objectRef"];
+            let mut kind =
+                format!("{} {}", entry["verb"].as_str().unwrap_or("?"), object["resource"].as_str().unwrap_or("?"));
+            if let Some(sub) = object["subresource"].as_str() {
+                kind = format!("{kind}/{sub}");
+            }
+            *counts.entry(kind).or_insert(0) += 1;
         }
     }
-    Ok(count)
+    Ok(counts)
 }
 
 pub fn machine() -> Value {

@@ -216,7 +216,25 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
     .await?;
     assert_eq!(pods.get("small-db-0").await?.metadata.uid, uid_before, "rotation restarted the primary");
 
-    // Scale down, write, scale up: the returning replica (its old volume) catches up.
+    // Scale down, write, scale up: the returning replica (its old volume) catches up. While it is
+    // away the primary writes and recycles more WAL than it keeps (wal_keep_size 256 MB): the
+    // returning replica cannot stream from where it stopped, so it must be cloned afresh.
+    let data_written = || {
+        kubectl(&[
+            "-n",
+            &ns.name,
+            "exec",
+            "small-db-1",
+            "-c",
+            "postgres",
+            "--",
+            "bash",
+            "-c",
+            "stat -c %Z \"$PGDATA/PG_VERSION\"",
+        ])
+        .map(|out| out.trim().parse::<u64>().unwrap_or_default())
+    };
+    let cloned_at = data_written()?;
     dbs.patch(
         "small-db",
         &kube::api::PatchParams::default(),
@@ -226,6 +244,14 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
     testkit::wait_for(&dbs, "small-db", "Running 1/1", DEFAULT_TIMEOUT, running(1)).await?;
     testkit::wait_for_deletion(&pods, "small-db-1", "the replica to stop", DEFAULT_TIMEOUT).await?;
     sql_in(&ns, "small-db-0", "CREATE TABLE t (v text); INSERT INTO t VALUES ('written while scaled down')")?;
+    sql_in(&ns, "small-db-0", "CREATE TABLE filler (i int)")?;
+    for round in 0..24 {
+        sql_in(&ns, "small-db-0", &format!("INSERT INTO filler VALUES ({round})"))?;
+        sql_in(&ns, "small-db-0", "SELECT pg_switch_wal()")?;
+    }
+    sql_in(&ns, "small-db-0", "CHECKPOINT")?;
+    let kept = sql_in(&ns, "small-db-0", "SELECT count(*) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$'")?;
+    eprintln!("WAL segments kept on the primary after 24 switches: {kept}");
     dbs.patch(
         "small-db",
         &kube::api::PatchParams::default(),
@@ -238,6 +264,9 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
     })
     .await?;
     assert_eq!(sql_in(&ns, "small-db-1", "SELECT pg_is_in_recovery()")?, "t");
+    assert_eq!(sql_in(&ns, "small-db-1", "SELECT count(*) FROM filler")?, "24");
+    let recloned_at = data_written()?;
+    assert!(recloned_at > cloned_at, "the stale replica was not cloned afresh ({cloned_at} → {recloned_at})");
     Ok(())
 }
 

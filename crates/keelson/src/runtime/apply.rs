@@ -148,6 +148,7 @@ impl<'a> Applier<'a> {
 
     /// Deletes a child; one already gone is not an error. True when it is gone or going.
     pub async fn delete<K: Child>(&self, name: &str, params: &DeleteParams) -> bool {
+        self.ctx.own_writes.forget(&format!("{}/{}/{name}", K::kind(&()), self.namespace));
         match self.api::<K>().delete(name, params).await {
             Ok(_) => {
                 tracing::info!(namespace = %self.namespace, owner = ?self.owner.name, child = name, "deleted {}", K::kind(&()));
@@ -194,23 +195,32 @@ impl<'a> Applier<'a> {
     }
 
     /// Applies `desired` when it is missing or differs from the cluster's copy.
-    /// The cache is trusted only to say "nothing to do": anything else is
-    /// confirmed with the API server, since the cache may lag our last write.
+    /// A cached copy that shows our last write (`OwnWrites`) is the cluster's
+    /// copy: a difference is someone else's change, written back at once. One
+    /// that may lag our last write is trusted only to say "nothing to do";
+    /// anything else is confirmed with the API server first.
     async fn apply_if_changed<K: Child>(&self, cache: &Store<K>, mut desired: K) -> Result<(K, ChildChange)> {
         let kind = K::kind(&());
         let name = desired.name_any();
+        let key = format!("{kind}/{}/{name}", self.namespace);
         stamp_desired_hash(&mut desired)?;
-        if let Some(cached) = cache::get(cache, &self.namespace, &name)
-            && classify(&desired, Some(&cached))? == ChildChange::Unchanged
-        {
-            return Ok((cached, ChildChange::Unchanged));
+        let cached = cache::get(cache, &self.namespace, &name);
+        let change = classify(&desired, cached.as_ref())?;
+        if let (ChildChange::Unchanged, Some(cached)) = (&change, &cached) {
+            return Ok((cached.clone(), ChildChange::Unchanged));
         }
         let api = self.api::<K>();
-        let actual = api.get_opt(&name).await.map_err(Error::kube(format!("get {kind} {name}")))?;
-        let change = classify(&desired, actual.as_ref())?;
-        if let (ChildChange::Unchanged, Some(actual)) = (&change, actual) {
-            return Ok((actual, ChildChange::Unchanged));
-        }
+        let cached_version = cached.as_ref().and_then(|c| c.resource_version());
+        let change = if self.ctx.own_writes.caught_up(&key, cached_version.as_deref()) {
+            change
+        } else {
+            let actual = api.get_opt(&name).await.map_err(Error::kube(format!("get {kind} {name}")))?;
+            let change = classify(&desired, actual.as_ref())?;
+            if let (ChildChange::Unchanged, Some(actual)) = (&change, actual) {
+                return Ok((actual, ChildChange::Unchanged));
+            }
+            change
+        };
         // Server-side apply merges list entries by key, so it cannot take back
         // an outsider's edit inside a list entry Keelson owns (a Service port,
         // a container's name): it would add Keelson's entry beside the foreign
@@ -225,6 +235,7 @@ impl<'a> Applier<'a> {
             _ => api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await,
         };
         let applied = patch.map_err(Error::kube(format!("apply {kind} {name}")))?;
+        self.ctx.own_writes.record(key, applied.resource_version());
         Ok((applied, change))
     }
 }

@@ -19,6 +19,43 @@ pub struct Context {
     pub recorder: Recorder,
     pub backoff: Backoff,
     pub settings: Settings,
+    /// The resourceVersion each child had after our last write to it.
+    pub own_writes: OwnWrites,
+}
+
+/// What our last write to each child left (`kind/namespace/name` → its
+/// resourceVersion), to tell whether a cached copy already shows that write.
+/// Where it does, a difference between the cache and the desired object is
+/// someone else's change, written back at once; where it may not, the
+/// applier reads the object first. Versions are compared as the numbers the
+/// API server (etcd) gives; one that is not a number counts as not caught up.
+#[derive(Default)]
+pub struct OwnWrites {
+    versions: Mutex<HashMap<String, String>>,
+}
+
+impl OwnWrites {
+    pub fn record(&self, key: String, version: Option<String>) {
+        let mut versions = self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match version {
+            Some(version) => versions.insert(key, version),
+            None => versions.remove(&key),
+        };
+    }
+
+    /// Whether a cached copy at `cached` shows our last write (true when we never wrote).
+    pub fn caught_up(&self, key: &str, cached: Option<&str>) -> bool {
+        let versions = self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(ours) = versions.get(key) else { return true };
+        let number = |v: &str| v.parse::<u64>().ok();
+        cached == Some(ours.as_str())
+            || cached.and_then(number).zip(number(ours)).is_some_and(|(cached, ours)| cached >= ours)
+    }
+
+    /// Forgets a child that was deleted.
+    pub fn forget(&self, key: &str) {
+        self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(key);
+    }
 }
 
 /// What the operator's flags say about the objects it builds.
@@ -43,6 +80,7 @@ impl Context {
             metrics,
             backoff: Backoff::default(),
             settings,
+            own_writes: OwnWrites::default(),
         })
     }
 
@@ -56,6 +94,27 @@ impl Context {
                 tracing::warn!(%error, reason = %event.reason, "could not publish event");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod own_writes_tests {
+    use super::OwnWrites;
+
+    #[test]
+    fn a_cache_has_caught_up_once_it_shows_our_last_write_or_later() {
+        let writes = OwnWrites::default();
+        let key = "Deployment/ns/app";
+        assert!(writes.caught_up(key, None), "never written: the cache is all there is");
+        writes.record(key.into(), Some("10".into()));
+        assert!(!writes.caught_up(key, None), "our create is not in the cache yet");
+        assert!(!writes.caught_up(key, Some("9")), "the cache is older than our write");
+        assert!(writes.caught_up(key, Some("10")));
+        assert!(writes.caught_up(key, Some("11")), "someone changed it after us");
+        writes.record(key.into(), Some("opaque".into()));
+        assert!(!writes.caught_up(key, Some("12")), "not a number: read it to be sure");
+        writes.forget(key);
+        assert!(writes.caught_up(key, None));
     }
 }
 

@@ -1,5 +1,5 @@
 //! Tells people what applying a child did: a log line, an Event for what
-//! they should know (creation, spec updates, drift taken back), a metric.
+//! they should know (spec updates, drift taken back), a metric.
 //! Secret values never reach logs or Events.
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -41,9 +41,10 @@ pub async fn child_change(
             ctx.event(owner, EventType::Warning, "DriftCorrected", "Recreate", note).await;
             "create"
         }
+        // Routine: a log line, no Event (each would be a write to the API server, and the
+        // child's own controller reports its work); Events are for drift, spec changes, failures.
         ChildChange::Created => {
             tracing::info!(namespace, name = owner_name, child = child_name, "creating {kind}");
-            ctx.event(owner, EventType::Normal, "Created", "Create", format!("Created {kind} {child_name}")).await;
             "create"
         }
         ChildChange::Updated(fields) => {

@@ -173,7 +173,8 @@ init_replica() {
 # timeline forked; when that cannot be done, a fresh clone replaces it.
 rejoin() {
   need PGDATA; need PRIMARY_HOST; need REPLICATION_PASSWORD
-  local marker; marker="$(rejoin_marker)"
+  # 1: this replica stopped because it could not stream (see follow_orders_loop).
+  local stalled="${1:-0}" marker; marker="$(rejoin_marker)"
   if [[ -f "$marker" ]]; then
     # The last rejoin never reached streaming: its data is not to be trusted.
     log "the previous rejoin did not stream; cloning $PRIMARY_HOST afresh"
@@ -183,15 +184,24 @@ rejoin() {
   fi
   log "rejoining as a replica of $PRIMARY_HOST"
   until "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; do sleep 0.5; done
-  local source="host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres"
+  local source="host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres" output
   PGPASSWORD="$REPLICATION_PASSWORD" "$(bin psql)" -X -q -d "$source" -c CHECKPOINT 2>/dev/null \
     || log "could not ask $PRIMARY_HOST for a checkpoint"
-  if PGPASSWORD="$REPLICATION_PASSWORD" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
-      --write-recovery-conf 2>&1 | sed 's/^/pg_rewind: /' >&2; then
+  if output="$(PGPASSWORD="$REPLICATION_PASSWORD" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
+      --write-recovery-conf 2>&1)"; then
+    sed 's/^/pg_rewind: /' <<<"$output" >&2
+    if [[ "$stalled" == 1 && "$output" == *"no rewind required"* ]]; then
+      # Not diverged, yet it could not stream: the primary no longer has the WAL it needs.
+      log "nothing to rewind, yet it could not stream: $PRIMARY_HOST no longer has the WAL it needs; cloning afresh"
+      rm -rf "$PGDATA"
+      init_replica
+      return
+    fi
     # Also when no rewind was needed (same timeline): this data follows the primary now.
     touch "$PGDATA/standby.signal" "$marker"
     log "rewound; it streams from $PRIMARY_HOST"
   else
+    sed 's/^/pg_rewind: /' <<<"$output" >&2
     log "pg_rewind failed; cloning $PRIMARY_HOST afresh"
     rm -rf "$PGDATA"
     init_replica
@@ -218,8 +228,10 @@ start() {
     if [[ -s "$PGDATA/PG_VERSION" ]]; then rm -f "$PGDATA/standby.signal"; else init_primary; fi
   elif [[ ! -s "$PGDATA/PG_VERSION" ]]; then
     init_replica
-  elif [[ ! -f "$PGDATA/standby.signal" || -f "$(rewind_flag)" ]]; then
+  elif [[ -f "$(rewind_flag)" ]]; then
     rm -f "$(rewind_flag)"
+    rejoin 1
+  elif [[ ! -f "$PGDATA/standby.signal" ]]; then
     rejoin
   fi
   # As the official image does: a volume's group permissions must not stop the server.
