@@ -58,6 +58,9 @@ struct Args {
     /// Also write docs/benchmarks.md and its pictures.
     #[arg(long)]
     write_docs: bool,
+    /// Only write docs/benchmarks.md again from this results.json (after its text changed).
+    #[arg(long)]
+    markdown_from: Option<PathBuf>,
 }
 
 const SA_NAMESPACE: &str = "keelson-bench";
@@ -229,6 +232,11 @@ async fn direct(client: &Client, n: usize) -> anyhow::Result<(f64, Vec<f64>)> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(results) = &args.markdown_from {
+        let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(results)?)?;
+        std::fs::write("docs/benchmarks.md", report::markdown(&results))?;
+        return Ok(());
+    }
     let cluster = testkit::Cluster::connect().await.context("no cluster: run through `make bench`")?;
     let client = cluster.client.clone();
     std::fs::create_dir_all(&args.out)?;

@@ -164,11 +164,20 @@ pub fn markdown(results: &Value) -> String {
          ## What bounds the rest\n\n\
          - Convergence is bounded by the Deployment and ReplicaSet controllers, the scheduler and\n\
            kwok, which the direct run pays too; the operator adds one reconcile per WebApp (children\n\
-           read from its watch caches, Deployment and Service applied in parallel, status written)\n\
-           and a second status write when the\n\
-           Deployment becomes available.\n\
+           read from its watch caches, Deployment and Service applied in parallel) and its status\n\
+           writes. A WebApp's progress on the way up is written at most every 5 s and not in its\n\
+           first 5 s (`Running` and failures at once): one status write when it is Running within\n\
+           5 s, more when the control plane is slower than that (at N=1000 on 2 cores, most are).\n\
          - The drift latency floor is two watch deliveries (the operator's and the harness's) plus\n\
-           one server-side apply on a 2-core machine shared with the whole control plane.\n",
+           one server-side apply on a 2-core machine shared with the whole control plane; a child\n\
+           whose cached copy shows Keelson's last write is written back without reading it first.\n\
+         - Steps so far (issue 15; `make bench-quick`, N=100, unless said): no Event per routine\n\
+           child creation (N=1000: 6.26 → 4.2 writes per WebApp with the status hold below; the\n\
+           Events were 2180 of 6261 writes), the status hold (2.39 → 1.51 status writes per WebApp\n\
+           at N=100, 3.05 → 2.2 at N=1000), no GET before writing back drift. Earlier: children\n\
+           read from the owned watches' caches instead of a GET per reconcile, the two children\n\
+           applied in parallel, Events published off the reconcile path, concurrency 16 (ratio\n\
+           2.12 → 1.49, drift p50 127 → 14 ms).\n",
         cpu = m["cpu"].as_str().unwrap_or("?"),
         cores = m["cores"],
         mem = m["memory_gib"],

@@ -11,10 +11,10 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::observed::{Caches, Observed};
-use super::{backup, names, status};
+use super::{backup, names};
 use crate::api::mydatabase::{DeletionPolicy, MyDatabase};
 use crate::runtime::outcome::ChildFailure;
-use crate::runtime::{Applier, Context};
+use crate::runtime::{Applier, Context, jobs};
 
 /// Where the final backup of the Snapshot policy stands.
 #[derive(Debug, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub fn final_backup_state(db: &MyDatabase, observed: &Observed) -> FinalBackup {
     let Some(job) = observed.backup_jobs.iter().find(|j| j.name_any() == name) else {
         return FinalBackup::NotStarted;
     };
-    match status::job_finished(job) {
+    match jobs::job_finished(job) {
         None => FinalBackup::Running,
         Some((_, true)) => FinalBackup::Succeeded,
         Some((_, false)) => FinalBackup::Failed,

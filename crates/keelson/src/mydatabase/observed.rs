@@ -65,16 +65,7 @@ impl Caches {
     /// reconcile must not take an unsynced cache's emptiness for the cluster's.
     /// Bounded: a watch that cannot list is an error naming it, not a hang.
     async fn synced(&self) -> Result<()> {
-        async fn ready<K: kube::Resource + Clone>(store: &Store<K>, what: &'static str) -> Result<()>
-        where
-            K::DynamicType: Eq + std::hash::Hash + Clone,
-        {
-            match tokio::time::timeout(std::time::Duration::from_secs(10), store.wait_until_ready()).await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(_)) => Err(Error::CacheStopped(what)),
-                Err(_) => Err(Error::CacheNotSynced(what)),
-            }
-        }
+        use cache::synced as ready;
         ready(&self.statefulsets, "StatefulSets").await?;
         ready(&self.services, "Services").await?;
         ready(&self.secrets, "Secrets").await?;

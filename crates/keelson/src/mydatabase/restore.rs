@@ -10,15 +10,15 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::names;
 use super::observed::Observed;
 use super::statefulset::{
     DATA_MOUNT, POSTGRES_UID, data_claim, empty_dir, env, image, instance_env, mount, scripts_volume,
 };
-use super::{names, status};
 use crate::Result;
 use crate::api::MyDatabase;
 use crate::api::mydatabase::RestoreFrom;
-use crate::runtime::{pods, security};
+use crate::runtime::{jobs, pods, security};
 
 /// Where the source's backups volume is mounted, read-only.
 const SOURCE_MOUNT: &str = "/restore-source";
@@ -60,7 +60,7 @@ pub fn progress(db: &MyDatabase, observed: &Observed) -> Progress {
             None => Progress::SourceMissing { volume: names::backups_pvc_of(&from.database) },
         };
     };
-    match status::job_finished(job) {
+    match jobs::job_finished(job) {
         None => Progress::Running,
         Some((_, true)) => Progress::Done,
         Some((_, false)) => {
@@ -68,7 +68,7 @@ pub fn progress(db: &MyDatabase, observed: &Observed) -> Progress {
             let message = pods::terminations(&observed.restore_pods)
                 .filter(|t| t.exit_code != 0)
                 .find_map(|t| t.message.as_deref().map(str::trim).filter(|m| !m.is_empty()))
-                .or_else(|| status::job_condition(job, "Failed")?.message.as_deref())
+                .or_else(|| jobs::job_condition(job, "Failed")?.message.as_deref())
                 .unwrap_or("the restore Job failed");
             Progress::Failed { message: message.to_string() }
         }

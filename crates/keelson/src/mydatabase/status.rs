@@ -1,7 +1,7 @@
 //! MyDatabase status, computed from what the cluster reports: the
 //! StatefulSet's readiness and the backup Jobs' outcomes.
 
-use k8s_openapi::api::batch::v1::{Job, JobCondition};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -12,6 +12,7 @@ use super::restore::Progress;
 use super::statefulset::StorageChange;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::mydatabase::{DatabasePhase, MyDatabase, MyDatabaseStatus};
+use crate::runtime::jobs::job_finished;
 use crate::runtime::{Outcome, pods};
 
 /// The outcome of the newest finished backup Job, and the newest success.
@@ -39,23 +40,6 @@ pub fn backup_report(pods: &[Pod], job: &str) -> Option<BackupReport> {
     pods::terminations(of_job)
         .filter(|t| t.exit_code == 0)
         .find_map(|t| serde_json::from_str(t.message.as_deref()?).ok())
-}
-
-/// The Job's condition `type_` when it holds.
-pub fn job_condition<'a>(job: &'a Job, type_: &str) -> Option<&'a JobCondition> {
-    job.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_ && c.status == "True")
-}
-
-fn job_condition_time(job: &Job, type_: &str) -> Option<Time> {
-    job_condition(job, type_)?.last_transition_time.clone()
-}
-
-/// When a Job finished and whether it succeeded; None while it runs.
-pub fn job_finished(job: &Job) -> Option<(Time, bool)> {
-    let succeeded = job_condition_time(job, "Complete")
-        .or_else(|| job_condition_time(job, "SuccessCriteriaMet"))
-        .map(|t| (job.status.as_ref().and_then(|s| s.completion_time.clone()).unwrap_or(t), true));
-    succeeded.or_else(|| job_condition_time(job, "Failed").map(|t| (t, false)))
 }
 
 /// Reads the finished backup Jobs (from the CronJob and the final Snapshot).

@@ -90,3 +90,18 @@ where
     found.sort_by_key(|o| o.name_any());
     found
 }
+
+/// Until `store` has its first full list (at once afterwards): a reconcile
+/// must not take an unsynced cache's emptiness for the cluster's. Bounded: a
+/// watch that cannot list is an error naming it, not a hang.
+pub async fn synced<K>(store: &Store<K>, what: &'static str) -> crate::Result<()>
+where
+    K: Resource + Clone,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    match tokio::time::timeout(std::time::Duration::from_secs(10), store.wait_until_ready()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(crate::Error::CacheStopped(what)),
+        Err(_) => Err(crate::Error::CacheNotSynced(what)),
+    }
+}

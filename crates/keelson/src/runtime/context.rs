@@ -21,6 +21,25 @@ pub struct Context {
     pub settings: Settings,
     /// The resourceVersion each child had after our last write to it.
     pub own_writes: OwnWrites,
+    /// When this process last wrote each object's status.
+    pub status_writes: StatusWrites,
+}
+
+/// When this process last wrote each object's status (`controller/namespace/name`).
+#[derive(Default)]
+pub struct StatusWrites {
+    at: Mutex<HashMap<String, std::time::Instant>>,
+}
+
+impl StatusWrites {
+    pub fn record(&self, key: String) {
+        self.at.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, std::time::Instant::now());
+    }
+
+    /// How long ago the last write was, if there was one.
+    pub fn since(&self, key: &str) -> Option<Duration> {
+        self.at.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(key).map(|at| at.elapsed())
+    }
 }
 
 /// What our last write to each child left (`kind/namespace/name` → its
@@ -81,6 +100,7 @@ impl Context {
             backoff: Backoff::default(),
             settings,
             own_writes: OwnWrites::default(),
+            status_writes: StatusWrites::default(),
         })
     }
 

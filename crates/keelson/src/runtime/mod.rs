@@ -11,6 +11,7 @@ pub mod drift;
 #[cfg(test)]
 pub mod fake_api;
 pub mod health;
+pub mod jobs;
 pub mod leader;
 pub mod meta;
 pub mod metrics;

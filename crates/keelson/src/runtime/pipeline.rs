@@ -70,6 +70,14 @@ pub trait Reconciler: Send + Sync + 'static {
 
     fn current_status(object: &Self::Object) -> Option<&Self::Status>;
 
+    /// A status on its way to another (pods coming up): such a status is
+    /// written at most once per [`STATUS_SETTLE`] per object (never in the
+    /// first one after creation), so that a quick convergence costs one
+    /// status write, not one per step. Default: none is.
+    fn progressing(_status: &Self::Status) -> bool {
+        false
+    }
+
     /// When to look again although nothing changes (a condition that only
     /// time can tell); the default is the hourly resync.
     fn recheck(_object: &Self::Object, _observed: &Self::Observed) -> Option<std::time::Duration> {
@@ -131,8 +139,48 @@ pub async fn reconcile<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>
     let mut outcome = applier.finish();
     outcome.recheck = R::recheck(&object, &observed);
     let new_status = R::status(&object, &observed, &outcome); // 5. status
-    write_status::<R>(reconciler.as_ref(), &object, &new_status, &outcome).await?; // 6. write
+    match status_hold::<R>(ctx, &object, &new_status, &outcome) {
+        // Looked at again when the hold ends, if nothing else comes first.
+        Some(wait) => outcome.recheck = Some(outcome.recheck.map_or(wait, |r| r.min(wait))),
+        None => write_status::<R>(reconciler.as_ref(), &object, &new_status, &outcome).await?, // 6. write
+    }
     outcome.into_action()
+}
+
+/// How long a progressing status waits after the object's creation or our
+/// last status write to it (see [`Reconciler::progressing`]).
+pub const STATUS_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long to hold `new` back, if it is a progressing status that came too
+/// soon; news (a failure, an invalid spec, a settled status) is never held.
+fn status_hold<R: Reconciler>(
+    ctx: &Context,
+    object: &R::Object,
+    new: &R::Status,
+    outcome: &Outcome,
+) -> Option<std::time::Duration> {
+    let current = R::current_status(object);
+    if !R::progressing(new) || current == Some(new) || !outcome.failures.is_empty() || outcome.invalid.is_some() {
+        return None;
+    }
+    let since_write = ctx.status_writes.since(&status_key::<R>(object));
+    let age = || {
+        let created = object.meta().creation_timestamp.as_ref()?;
+        // A creation time ahead of this clock (whole seconds, rounded) counts as just now.
+        let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+        std::time::Duration::try_from(age.max(k8s_openapi::jiff::SignedDuration::ZERO)).ok()
+    };
+    let elapsed = match (since_write, current) {
+        (Some(elapsed), _) => elapsed,
+        (None, None) => age()?,
+        // Written before this process started: no hold.
+        (None, Some(_)) => return None,
+    };
+    STATUS_SETTLE.checked_sub(elapsed).filter(|wait| !wait.is_zero())
+}
+
+fn status_key<R: Reconciler>(object: &R::Object) -> String {
+    format!("{}/{}/{}", R::CONTROLLER, object.namespace().unwrap_or_default(), object.name_any())
 }
 
 /// The deletion stage: clean up, write status, release the finalizer when done.
@@ -205,6 +253,7 @@ async fn write_status<R: Reconciler>(
     if !status::write_if_changed(ctx, R::CONTROLLER, object, R::current_status(object), new_status).await? {
         return Ok(());
     }
+    ctx.status_writes.record(status_key::<R>(object));
     if let Some(invalid) = &outcome.invalid {
         let (namespace, name) = (object.namespace().unwrap_or_default(), object.name_any());
         tracing::warn!(namespace, name, field = invalid.field, "invalid spec: {}", invalid.message);

@@ -35,6 +35,10 @@ pub struct Observed {
 }
 
 pub async fn read(app: &WebApp, caches: &Caches, client: &Client) -> Result<Observed> {
+    // An unsynced cache's emptiness is not the cluster's (after a restart, a child
+    // missing from it would be "created" again, and called drift).
+    cache::synced(&caches.deployments, "Deployments").await?;
+    cache::synced(&caches.services, "Services").await?;
     let namespace = app.namespace().unwrap_or_default();
     let deployment = cache::get(&caches.deployments, &namespace, &app.name_any());
     let pods = match deployment.as_ref().and_then(unavailable_for) {

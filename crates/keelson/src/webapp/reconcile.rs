@@ -63,6 +63,14 @@ impl Reconciler for WebAppReconciler {
         Observed { deployment, service, ..observed }
     }
 
+    /// Pods on their way up, nothing wrong: news only when they are all up.
+    fn progressing(status: &WebAppStatus) -> bool {
+        let available = status.conditions.iter().find(|c| c.type_ == "Available");
+        status.phase == Some(crate::api::webapp::WebAppPhase::Scaling)
+            && available
+                .is_some_and(|c| matches!(c.reason.as_str(), "ReplicasUnavailable" | "MinimumReplicasAvailable"))
+    }
+
     fn status(app: &WebApp, observed: &Observed, outcome: &Outcome) -> WebAppStatus {
         status::compute(app, observed, outcome, &crate::runtime::status::now())
     }
@@ -136,6 +144,30 @@ mod tests {
         let statuses = api.status_writes();
         assert_eq!(statuses.len(), 1);
         assert_eq!(statuses[0].body["status"]["phase"], "Scaling");
+    }
+
+    #[tokio::test]
+    async fn a_new_webapp_on_its_way_up_gets_one_status_write_not_one_per_step() {
+        let mut app = sample();
+        // Rounded up to the next second, as the API server may show it.
+        let created = k8s_openapi::jiff::Timestamp::now().round(k8s_openapi::jiff::Unit::Second).expect("rounds");
+        app.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created));
+        let (api, client) = FakeApi::new(&app);
+        let action = pipeline::reconcile(Arc::new(app.clone()), reconciler(client, vec![], vec![])).await;
+        assert_eq!(api.applies().len(), 2, "the children are created at once");
+        assert!(api.status_writes().is_empty(), "0/3 pods is no news in the first seconds");
+        let action = action.expect("reconciles");
+        assert!(
+            action != Action::requeue(RESYNC) && action != Action::await_change(),
+            "looked at again soon: {action:?}"
+        );
+        // Past the hold (created long ago), the progress is written.
+        app.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60),
+        ));
+        let (api, client) = FakeApi::new(&app);
+        pipeline::reconcile(Arc::new(app), reconciler(client, vec![], vec![])).await.expect("reconciles");
+        assert_eq!(api.status_writes().len(), 1);
     }
 
     #[tokio::test]
