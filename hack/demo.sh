@@ -153,6 +153,18 @@ if [[ -f config/samples/mydatabase.yaml ]]; then
     sleep 0.2
   done
   run kubectl get pods -l keelson.dev/cluster=production-db,app.kubernetes.io/component=database -L keelson.dev/role
+  say "Switchover: move the primary back to $primary, now a streaming replica (a clean hand-over)"
+  for _ in $(seq 1 600); do
+    [[ "$(kubectl get mydatabase production-db -o jsonpath="{.status.instanceStatuses[?(@.name==\"$primary\")].ready}")" == true ]] && break
+    sleep 0.2
+  done
+  run kubectl annotate mydatabase production-db db.keelson.dev/switchover-to="$primary"
+  for _ in $(seq 1 600); do
+    [[ "$(kubectl get mydatabase production-db -o jsonpath='{.status.lastFailover.kind}/{.status.lastFailover.to}/{.status.lastFailover.writesDownMs}')" == Switchover/"$primary"/?* ]] && break
+    sleep 0.1
+  done
+  run kubectl get mydatabase production-db -o jsonpath='{.status.lastFailover}{"\n"}'
+  run kubectl get events --field-selector reason=Switchover -o custom-columns=REASON:.reason,MESSAGE:.message
 fi
 
 say "Done. The cluster and the operator are still running:"

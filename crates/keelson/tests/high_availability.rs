@@ -403,6 +403,12 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         assert_eq!((record.kind.as_str(), &record.from), (kind, lost), "{disruption:?}: {record:?}");
         assert!(record.reason.contains(reason), "{disruption:?}: {record:?}");
         assert!(record.writes_down_ms.is_some_and(|ms| ms >= 0), "{disruption:?}: no downtime measured: {record:?}");
+        // This record's own times, in order (not a field left over from the record before).
+        let at = |t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| t.as_ref().map(|t| t.0);
+        assert!(
+            at(&record.lost_at) <= at(&record.promoted_at) && at(&record.promoted_at) <= at(&record.serving_at),
+            "{disruption:?}: times out of order: {record:?}"
+        );
         // The replicas that answered in time (one that has just rejoined may not: the failover
         // then goes on without it after 3 s), the promoted one among them, the lost one not.
         assert!(record.positions.iter().any(|p| p.starts_with(&format!("{} at ", record.to))), "{record:?}");

@@ -111,8 +111,17 @@ impl FakeApi {
             .collect()
     }
 
+    /// Status writes, each body shown as `{"status": <the status written>}`.
     pub fn status_writes(&self) -> Vec<Recorded> {
-        self.requests().into_iter().filter(|r| r.method == "PATCH" && r.path.ends_with("/status")).collect()
+        let mut writes: Vec<Recorded> =
+            self.requests().into_iter().filter(|r| r.method == "PATCH" && r.path.ends_with("/status")).collect();
+        for write in &mut writes {
+            // A JSON patch that sets the whole status.
+            if let Some(value) = write.body.get(0).filter(|op| op["path"] == "/status").map(|op| op["value"].clone()) {
+                write.body = serde_json::json!({ "status": value });
+            }
+        }
+        writes
     }
 }
 

@@ -39,8 +39,12 @@ where
     }
     let namespace = object.namespace().unwrap_or_default();
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
-    let patch = json!({ "status": new });
-    let result = api.patch_status(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+    // The whole status, as computed: a merge patch would keep fields that are gone
+    // from the new one (a record's field that is None now, merged into the last record).
+    let patch = json!([{ "op": "add", "path": "/status", "value": new }]);
+    let patch: json_patch::Patch =
+        serde_json::from_value(patch).map_err(|source| Error::Serialize { what: "status patch", source })?;
+    let result = api.patch_status(&object.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch)).await;
     ctx.metrics.status_writes.get_or_create(&ControllerLabels { controller }).inc();
     result.map_err(Error::kube(format!("write status of {} {namespace}/{}", K::kind(&()), object.name_any())))?;
     Ok(true)
