@@ -164,6 +164,11 @@ if [[ -f config/samples/mydatabase.yaml ]]; then
     sleep 0.1
   done
   run kubectl get mydatabase production-db -o jsonpath='{.status.lastFailover}{"\n"}'
+  # Events are published in the background: wait for this one.
+  for _ in $(seq 1 100); do
+    kubectl get events --field-selector reason=Switchover -o jsonpath='{.items[*].message}' | grep -q "switchover to $primary requested" && break
+    sleep 0.1
+  done
   run kubectl get events --field-selector reason=Switchover -o custom-columns=REASON:.reason,MESSAGE:.message
 fi
 
