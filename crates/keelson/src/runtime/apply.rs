@@ -196,9 +196,10 @@ impl<'a> Applier<'a> {
 
     /// Applies `desired` when it is missing or differs from the cluster's copy.
     /// A cached copy that shows our last write (`OwnWrites`) is the cluster's
-    /// copy: a difference is someone else's change, written back at once. One
-    /// that may lag our last write is trusted only to say "nothing to do";
-    /// anything else is confirmed with the API server first.
+    /// copy: a difference is someone else's change (drift), written back at
+    /// once. Any other cached copy is trusted only to say "nothing to do";
+    /// a difference is confirmed with the API server first (it may be our own
+    /// write the cache has not shown yet, or a child this process never wrote).
     async fn apply_if_changed<K: Child>(&self, cache: &Store<K>, mut desired: K) -> Result<(K, ChildChange)> {
         let kind = K::kind(&());
         let name = desired.name_any();

@@ -45,9 +45,10 @@ impl StatusWrites {
 /// What our last write to each child left (`kind/namespace/name` → its
 /// resourceVersion), to tell whether a cached copy already shows that write.
 /// Where it does, a difference between the cache and the desired object is
-/// someone else's change, written back at once; where it may not, the
-/// applier reads the object first. Versions are compared as the numbers the
-/// API server (etcd) gives; one that is not a number counts as not caught up.
+/// someone else's change, written back at once; where it may not (or this
+/// process never wrote the child), the applier reads the object first.
+/// Versions are compared as the numbers the API server (etcd) gives; one
+/// that is not a number counts as not caught up.
 #[derive(Default)]
 pub struct OwnWrites {
     versions: Mutex<HashMap<String, String>>,
@@ -62,10 +63,10 @@ impl OwnWrites {
         };
     }
 
-    /// Whether a cached copy at `cached` shows our last write (true when we never wrote).
+    /// Whether a cached copy at `cached` shows our last write (false when we never wrote).
     pub fn caught_up(&self, key: &str, cached: Option<&str>) -> bool {
         let versions = self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Some(ours) = versions.get(key) else { return true };
+        let Some(ours) = versions.get(key) else { return false };
         let number = |v: &str| v.parse::<u64>().ok();
         cached == Some(ours.as_str())
             || cached.and_then(number).zip(number(ours)).is_some_and(|(cached, ours)| cached >= ours)
@@ -125,7 +126,7 @@ mod own_writes_tests {
     fn a_cache_has_caught_up_once_it_shows_our_last_write_or_later() {
         let writes = OwnWrites::default();
         let key = "Deployment/ns/app";
-        assert!(writes.caught_up(key, None), "never written: the cache is all there is");
+        assert!(!writes.caught_up(key, None), "never written by us: read it to be sure");
         writes.record(key.into(), Some("10".into()));
         assert!(!writes.caught_up(key, None), "our create is not in the cache yet");
         assert!(!writes.caught_up(key, Some("9")), "the cache is older than our write");
@@ -134,7 +135,7 @@ mod own_writes_tests {
         writes.record(key.into(), Some("opaque".into()));
         assert!(!writes.caught_up(key, Some("12")), "not a number: read it to be sure");
         writes.forget(key);
-        assert!(writes.caught_up(key, None));
+        assert!(!writes.caught_up(key, Some("12")), "forgotten");
     }
 }
 
