@@ -244,8 +244,8 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                 .into_iter()
                 .chain(instance_env(db))
                 .chain([
-                    // Whichever pod is the primary: replicas clone and rejoin through -rw,
-                    // then stream from the chosen pod by its name in the headless Service.
+                    // Whichever pod is the primary: replicas clone, stream and rejoin through
+                    // -rw; PEER_DOMAIN names the pods (the headless Service).
                     env("PRIMARY_HOST", names::rw_service(db)),
                     env("PEER_DOMAIN", names::headless_service(db)),
                     env("PRIMARY_PORT", PORT.to_string()),

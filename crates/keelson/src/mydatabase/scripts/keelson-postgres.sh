@@ -245,10 +245,12 @@ start() {
 
 # The operator's later orders, once PostgreSQL runs: promote a replica chosen
 # as primary; stop a primary that was stepped down (the pod's container
-# restarts and `start` rejoins it as a replica: never two primaries); stream
-# from the pod chosen as primary; set the primary's synchronous standbys.
+# restarts and `start` rejoins it as a replica: never two primaries); set the
+# primary's synchronous standbys. Replicas stream through -rw, which only
+# ever selects the chosen primary: a former primary whose processes outlive
+# its pod (a forced deletion) can never be streamed from again.
 follow_orders() {
-  local socket="${PGHOST:-/var/run/postgresql}" role primary wanted state in_recovery streaming source current
+  local socket="${PGHOST:-/var/run/postgresql}" role wanted state in_recovery streaming source current
   # A hung server must not hang the orders: give up on a connection after a few seconds.
   local sql=(env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
   role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" || return 0
@@ -259,7 +261,6 @@ follow_orders() {
       current_setting('synchronous_standby_names')" 2>/dev/null)" || return 0
   IFS='|' read -r in_recovery streaming source current <<<"$state"
   STREAMING="$streaming" IN_RECOVERY="$in_recovery"
-  primary="$(cat "$ORDERS_DIR/primary" 2>/dev/null)" || primary=""
   if [[ "$role" == primary && "$in_recovery" == t ]]; then
     log "chosen as the primary: promoting"
     # The checkpoint puts the new timeline in the control file at once: a
@@ -269,11 +270,6 @@ follow_orders() {
     log "no longer the primary: stopping; it comes back as a replica"
     "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null || true
     return 0
-  elif [[ "$role" == replica && -n "$primary" && "$primary" != "${POD_NAME:-}" && -n "${PEER_DOMAIN:-}" \
-          && "$source" != "$primary.$PEER_DOMAIN" ]]; then
-    # Straight to the chosen pod: a replica still attached to a hung former
-    # primary (its WAL senders live on) lets go of it now.
-    follow "$primary.$PEER_DOMAIN"
   elif [[ "$streaming" == t && -f "$(rejoin_marker)" ]]; then
     rm -f "$(rejoin_marker)"
     log "rejoined: streaming"
