@@ -15,9 +15,6 @@ pub const POSITION_REQUEST: &str = "db.keelson.dev/position-request";
 /// Set by the operator on every pod: PostgreSQL's `synchronous_standby_names`
 /// for when that instance is the primary (empty: asynchronous).
 pub const SYNCHRONOUS_STANDBYS: &str = "db.keelson.dev/synchronous-standbys";
-/// Set by the operator on every pod: the pod chosen as the primary, which a
-/// replica streams from directly (by its stable DNS name, not through `-rw`).
-pub const PRIMARY: &str = "db.keelson.dev/primary";
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]

@@ -28,7 +28,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::api::instance::{ANNOTATION, InstanceReport, POSITION_REQUEST, PRIMARY, ROLE_LABEL, SYNCHRONOUS_STANDBYS};
+use crate::api::instance::{ANNOTATION, InstanceReport, POSITION_REQUEST, ROLE_LABEL, SYNCHRONOUS_STANDBYS};
 use probe::Server;
 
 pub const FIELD_MANAGER: &str = "keelson-instance";
@@ -84,11 +84,8 @@ pub struct RunArgs {
 
 /// Writes what the operator decided for this pod as files, when it changed.
 fn write_orders(dir: &Path, pod: &Pod) -> Result<(), InstanceError> {
-    let orders = [
-        ("role", pod.labels().get(ROLE_LABEL)),
-        ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS)),
-        ("primary", pod.annotations().get(PRIMARY)),
-    ];
+    let orders =
+        [("role", pod.labels().get(ROLE_LABEL)), ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS))];
     for (file, value) in orders {
         let Some(value) = value else { continue };
         let path = dir.join(file);

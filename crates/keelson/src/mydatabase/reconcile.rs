@@ -25,7 +25,7 @@ use super::rollout::{self, Step};
 use super::statefulset::StorageChange;
 use super::{backup, credentials, deletion, instances, names, pdb, scripts, services, statefulset, status, validation};
 use crate::Result;
-use crate::api::instance::{POSITION_REQUEST, PRIMARY, Role, SYNCHRONOUS_STANDBYS};
+use crate::api::instance::{POSITION_REQUEST, Role, SYNCHRONOUS_STANDBYS};
 use crate::api::mydatabase::{FailoverRecord, MyDatabase, MyDatabaseStatus, ReplicationMode, SWITCHOVER_ANNOTATION};
 use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -531,13 +531,12 @@ async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Appl
         let role = wanted(pod);
         if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role)
             && pod.annotations().get(SYNCHRONOUS_STANDBYS).map(String::as_str) == Some(synchronous)
-            && pod.annotations().get(PRIMARY).map(String::as_str) == Some(primary)
         {
             continue;
         }
         let patch = json!({"metadata": {
             "labels": {names::ROLE_LABEL: role},
-            "annotations": {SYNCHRONOUS_STANDBYS: synchronous, PRIMARY: primary}}});
+            "annotations": {SYNCHRONOUS_STANDBYS: synchronous}}});
         if applier.merge_patch::<Pod>(&pod.name_any(), &patch, "label").await {
             tracing::info!(namespace = ?pod.namespace(), pod = %pod.name_any(), role, "labelled pod role");
         }

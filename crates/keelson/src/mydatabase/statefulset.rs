@@ -244,10 +244,8 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                 .into_iter()
                 .chain(instance_env(db))
                 .chain([
-                    // Whichever pod is the primary: replicas clone, stream and rejoin through
-                    // -rw; PEER_DOMAIN names the pods (the headless Service).
+                    // Whichever pod is the primary: replicas clone, stream and rejoin through -rw.
                     env("PRIMARY_HOST", names::rw_service(db)),
-                    env("PEER_DOMAIN", names::headless_service(db)),
                     env("PRIMARY_PORT", PORT.to_string()),
                     env("CREDENTIALS_DIR", CREDENTIALS_MOUNT),
                     // The operator's orders (role, synchronous standbys), from the instance manager.

@@ -29,8 +29,7 @@
 # BACKUP_DIR, BACKUP_SOURCE_HOST, TERMINATION_LOG, RETENTION (e.g. 7d, 12h, 4w), PGBIN (folder of the PostgreSQL
 # binaries, default: from PATH), POD_NAME (for `start`), PGHOST (the local
 # socket folder for `ready`, default /var/run/postgresql), ORDERS_DIR (the
-# files the instance manager writes from the pod: `role`, `synchronous-standbys`,
-# `primary`), PEER_DOMAIN (the headless Service: `<pod>.$PEER_DOMAIN` is a pod).
+# files the instance manager writes from the pod: `role`, `synchronous-standbys`).
 set -euo pipefail
 
 PGPORT="${PGPORT:-5432}"
@@ -250,16 +249,15 @@ start() {
 # ever selects the chosen primary: a former primary whose processes outlive
 # its pod (a forced deletion) can never be streamed from again.
 follow_orders() {
-  local socket="${PGHOST:-/var/run/postgresql}" role wanted state in_recovery streaming source current
+  local socket="${PGHOST:-/var/run/postgresql}" role wanted state in_recovery streaming current
   # A hung server must not hang the orders: give up on a connection after a few seconds.
   local sql=(env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
   role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" || return 0
   # One look at the server answers every question below.
   state="$("${sql[@]}" -F '|' -c "SELECT pg_is_in_recovery(),
       EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
-      coalesce(substring(current_setting('primary_conninfo') from 'host=''?([^'' ]+)'), ''),
       current_setting('synchronous_standby_names')" 2>/dev/null)" || return 0
-  IFS='|' read -r in_recovery streaming source current <<<"$state"
+  IFS='|' read -r in_recovery streaming current <<<"$state"
   STREAMING="$streaming" IN_RECOVERY="$in_recovery"
   if [[ "$role" == primary && "$in_recovery" == t ]]; then
     log "chosen as the primary: promoting"
