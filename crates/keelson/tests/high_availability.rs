@@ -413,6 +413,12 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         // then goes on without it after 3 s), the promoted one among them, the lost one not.
         assert!(record.positions.iter().any(|p| p.starts_with(&format!("{} at ", record.to))), "{record:?}");
         assert!(!record.positions.iter().any(|p| p.starts_with(&format!("{} at ", record.from))), "{record:?}");
+        // A planned move hears from both replicas: none was left out to be waited for, which is
+        // what keeps an upgrade's pause to one switchover's (a rollout waits for each replaced
+        // replica to stream again before it goes on).
+        if matches!(disruption, Disruption::Switchover | Disruption::Upgrade) {
+            assert_eq!(record.positions.len(), 2, "{disruption:?}: a replica did not answer: {record:?}");
+        }
     }
     Ok(())
 }

@@ -131,12 +131,7 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
     let Some(why) = stepped_down.or_else(|| lost(current)).or(unlabelled) else {
         return Decision::Keep(primary.to_string());
     };
-    // Live replicas: running pods, not leaving, whose manager said they replicate.
-    let candidates: Vec<&Pod> = pods
-        .iter()
-        .filter(|p| p.name_any() != primary && lost(Some(p)).is_none())
-        .filter(|p| pods_running(p) && instances::report(p).is_some_and(|r| r.role == Role::Replica))
-        .collect();
+    let candidates = candidates(primary, pods);
     if candidates.is_empty() {
         return Decision::NoCandidate { lost: primary.to_string(), why };
     }
@@ -170,6 +165,16 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
         .map(|(name, r)| (name.clone(), r.received_lsn.clone().unwrap_or_else(|| r.lsn.clone())))
         .collect();
     Decision::Promote(Promotion { from: primary.to_string(), to, why, positions })
+}
+
+/// The replicas that could take over from `primary`: running pods, not
+/// leaving, whose manager said they replicate. Each is asked for its position,
+/// and a promotion waits for all of them (up to the time limit).
+pub fn candidates<'a>(primary: &str, pods: &'a [Pod]) -> Vec<&'a Pod> {
+    pods.iter()
+        .filter(|p| p.name_any() != primary && lost(Some(p)).is_none())
+        .filter(|p| pods_running(p) && instances::report(p).is_some_and(|r| r.role == Role::Replica))
+        .collect()
 }
 
 fn pods_running(pod: &Pod) -> bool {

@@ -458,12 +458,9 @@ impl MyDatabaseReconciler {
         if !applier.merge_patch::<Pod>(primary, &patch, "step-down").await {
             return false;
         }
-        let replicas: Vec<String> = observed
-            .pods
-            .iter()
-            .map(|p| p.name_any())
-            .filter(|p| p != primary && failover::switchover_refusal(p, primary, &observed.pods).is_none())
-            .collect();
+        // Every replica the promotion will wait for, streaming or not (one not asked would cost the whole wait).
+        let replicas: Vec<String> =
+            failover::candidates(primary, &observed.pods).iter().map(|p| p.name_any()).collect();
         let switchover = Switchover { to: target.to_string(), why, requested };
         let why = switchover.why.clone();
         let pending = ask_positions(primary, &why, &replicas, Some(switchover), applier).await;

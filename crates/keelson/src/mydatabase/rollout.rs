@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::{failover, instances};
+use crate::api::instance::Role;
 use crate::runtime::pods;
 
 /// The label the StatefulSet controller puts on each pod: its template's revision.
@@ -44,11 +45,10 @@ pub fn next_step(statefulset: &StatefulSet, pods: &[Pod], primary: &str) -> Step
         return Step::Done;
     }
     let wanted = statefulset.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) as usize;
-    let unready: Vec<String> = pods
-        .iter()
-        .filter(|p| !pods::is_ready(p) || p.metadata.deletion_timestamp.is_some())
-        .map(|p| p.name_any())
-        .collect();
+    // No instance reports at all (no instance managers run, as on fake nodes): readiness is all there is.
+    let unmanaged = pods.iter().all(|p| instances::report(p).is_none());
+    let unready: Vec<String> =
+        pods.iter().filter(|p| !in_service(p, primary, unmanaged)).map(|p| p.name_any()).collect();
     if pods.len() < wanted || !unready.is_empty() {
         return Step::Wait(format!("every instance to be ready before the next (not ready: {})", unready.join(", ")));
     }
@@ -62,14 +62,22 @@ pub fn next_step(statefulset: &StatefulSet, pods: &[Pod], primary: &str) -> Step
         .filter(|p| revision(p) == Some(target))
         .map(|p| p.name_any())
         .find(|name| failover::switchover_refusal(name, primary, pods).is_none());
-    // No instance reports at all (no instance managers run, as on fake nodes): a switchover
-    // cannot be coordinated, so the primary is restarted as a StatefulSet would.
-    let unmanaged = pods.iter().all(|p| instances::report(p).is_none());
+    // Unmanaged, a switchover cannot be coordinated: the primary is restarted as a StatefulSet would.
     match successor {
         Some(to) => Step::SwitchoverTo(to),
         None if wanted == 1 || unmanaged => Step::Replace(primary.to_string()),
         None => Step::Wait("an updated replica streaming from the primary, to switch over to".into()),
     }
+}
+
+/// Ready, staying, and (a replica of a managed database) streaming again: a
+/// replica that is ready but not yet streaming does not count towards the
+/// synchronous quorum, and replacing the next one then would stop commits.
+fn in_service(pod: &Pod, primary: &str, unmanaged: bool) -> bool {
+    let streaming = || instances::report(pod).is_some_and(|r| r.role == Role::Replica && r.streaming);
+    pods::is_ready(pod)
+        && pod.metadata.deletion_timestamp.is_none()
+        && (unmanaged || pod.name_any() == primary || streaming())
 }
 
 fn ordinal(pod: &Pod) -> u32 {
@@ -79,7 +87,7 @@ fn ordinal(pod: &Pod) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::instance::{ANNOTATION, InstanceReport, Role};
+    use crate::api::instance::{ANNOTATION, InstanceReport};
     use k8s_openapi::api::apps::v1::{StatefulSetSpec, StatefulSetStatus};
     use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
 
@@ -134,6 +142,13 @@ mod tests {
         ];
         assert_eq!(next_step(&sts, &pods, "db-0"), Step::Replace("db-2".into()));
         pods[2] = pod("db-2", "new", Role::Replica, false);
+        assert!(matches!(next_step(&sts, &pods, "db-0"), Step::Wait(w) if w.contains("db-2")));
+        // Ready but not streaming yet: not part of the quorum, so db-1 must wait.
+        pods[2] = pod("db-2", "new", Role::Replica, true);
+        let mut report = instances::report(&pods[2]).expect("report");
+        report.streaming = false;
+        let json = serde_json::to_string(&report).expect("json");
+        pods[2].metadata.annotations = Some([(ANNOTATION.to_string(), json)].into());
         assert!(matches!(next_step(&sts, &pods, "db-0"), Step::Wait(w) if w.contains("db-2")));
         pods[2] = pod("db-2", "new", Role::Replica, true);
         assert_eq!(next_step(&sts, &pods, "db-0"), Step::Replace("db-1".into()));
