@@ -365,7 +365,35 @@ async fn main() -> anyhow::Result<()> {
         drift.p50, drift.p90, drift.p99, drift.max
     );
 
-    // 5. MyDatabase.
+    // 5. Restart over the converged WebApps: how soon the new process is ready, and what it writes.
+    let (sampler, restart) = {
+        let stopped = operator.stop().await?;
+        eprintln!("[bench] restart: the operator stopped ({stopped})");
+        let restarted_at = chrono::Utc::now();
+        let start = Instant::now();
+        operator = measure::Operator::start(&args.operator_cmd, &kubeconfig, &args.out.join("operator-restarted.log"))?;
+        let sampler = ProcessSampler::start(operator.pid());
+        operator.wait_ready(Duration::from_secs(120)).await?;
+        let ready_s = start.elapsed().as_secs_f64();
+        operator.wait_idle(Duration::from_secs(300)).await?;
+        let idle_s = start.elapsed().as_secs_f64();
+        let writes = measure::audited_writes_by_kind(&args.audit_log, &user, restarted_at, chrono::Utc::now())?;
+        let total: u64 = writes.values().sum();
+        let rss_peak_mb = sampler.peak_rss_mb();
+        eprintln!(
+            "[bench] restart: ready after {ready_s:.1}s, idle after {idle_s:.1}s, {total} writes {writes:?}, peak RSS {rss_peak_mb:.1} MB"
+        );
+        let restart = json!({
+            "ready_s": round(ready_s),
+            "idle_s": round(idle_s),
+            "writes": total,
+            "writes_by_kind": writes,
+            "rss_peak_mb": round(rss_peak_mb),
+        });
+        (sampler, restart)
+    };
+
+    // 6. MyDatabase.
     let dbs: Api<MyDatabase> = Api::namespaced(client.clone(), DB_NS);
     let db_start = Instant::now();
     let db_running =
@@ -401,6 +429,7 @@ async fn main() -> anyhow::Result<()> {
             "rss_rest_mb": round(rss_rest_mb),
             "cpu_s": round(cpu_s),
         },
+        "restart": restart,
         "mydatabase": {"n": args.databases, "convergence_s": round(db_convergence_s), "rss_mb": round(db_rss_mb)},
         "operator_exit": operator_exit.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
     });

@@ -118,6 +118,9 @@ pub fn markdown(results: &Value) -> String {
     let idle = w["idle_writes"].as_u64().unwrap_or(u64::MAX);
     let rss = w["rss_peak_mb"].as_f64().unwrap_or(f64::MAX);
     let per_app = w["convergence_writes_per_webapp"].as_f64().unwrap_or(f64::MAX);
+    let r = &results["restart"];
+    let restart_ready = r["ready_s"].as_f64().unwrap_or(f64::MAX);
+    let restart_writes = r["writes"].as_u64().unwrap_or(u64::MAX);
     let by_kind = w["convergence_writes_by_kind"]
         .as_object()
         .map(|kinds| kinds.iter().map(|(kind, n)| format!("{kind} {n}")).collect::<Vec<_>>().join(", "))
@@ -141,6 +144,9 @@ pub fn markdown(results: &Value) -> String {
          | operator peak RSS during convergence | {rss_peak} MB | ≤ 25 MB | {v_rss} |\n\
          | operator RSS at rest with {n} WebApps | {rss_rest} MB | | |\n\
          | operator CPU during convergence | {cpu_s} s | | |\n\
+         | restart over the {n} converged WebApps: ready after | {r_ready} s | ≤ 5 s | {v_r_ready} |\n\
+         | restart: writes until idle (idle after {r_idle} s) | {r_writes} | 0 | {v_r_writes} |\n\
+         | restart: peak RSS of the new process | {r_rss} MB | | |\n\
          | MyDatabases (replicas 1) created at once → all Running | {dn} → {dconv} s | | |\n\
          | operator RSS with the databases too | {drss} MB | | |\n\n\
          ![WebApps Running over time, operator vs direct](bench/convergence.svg)\n\n\
@@ -160,6 +166,9 @@ pub fn markdown(results: &Value) -> String {
          - **Idle writes**: once no reconcile has started for 5 s, the harness counts, in the API\n\
            server's audit log, the create/update/patch/delete requests completed for the operator's\n\
            ServiceAccount during the window; the operator's own metrics are not trusted for this.\n\
+         - **Restart**: after the drift trials the operator is stopped (SIGTERM) and started again;\n\
+           ready is its `/readyz` answering 200 (every watch listed), and its writes are counted in the\n\
+           audit log from its start until no reconcile has started for 5 s.\n\
          - **Cost**: RSS sampled from `/proc/<pid>/status` every 50 ms; CPU from `/proc/<pid>/stat`.\n\n\
          ## What bounds the rest\n\n\
          - Convergence is bounded by the Deployment and ReplicaSet controllers, the scheduler and\n\
@@ -205,6 +214,12 @@ pub fn markdown(results: &Value) -> String {
         v_rss = verdict(rss <= 25.0),
         rss_rest = w["rss_rest_mb"],
         cpu_s = w["cpu_s"],
+        r_ready = r["ready_s"],
+        v_r_ready = verdict(restart_ready <= 5.0),
+        r_idle = r["idle_s"],
+        r_writes = r["writes"],
+        v_r_writes = verdict(restart_writes == 0),
+        r_rss = r["rss_peak_mb"],
         dn = d["n"],
         dconv = d["convergence_s"],
         drss = d["rss_mb"],

@@ -99,7 +99,7 @@ pub async fn run(params: RunParams) {
     let RunParams { ctx, readiness, namespace, concurrency, on_synced, shutdown } = params;
     let namespace = namespace.as_deref();
     let client = &ctx.client;
-    let managed = meta::managed_selector();
+    let managed = meta::managed_selector(names::APP_NAME);
     // Database pods; backup and restore pods for what their termination message reports.
     let of_components = |components: &str| format!("{managed},app.kubernetes.io/component in ({components})");
     let watch = |kind: &str| readiness.watch(format!("{}/{kind}", reconcile::CONTROLLER));

@@ -81,9 +81,12 @@ pub fn first_data_claim(db: &MyDatabase) -> String {
 pub fn backups_pvc_of(database: &str) -> String {
     format!("{database}-backups")
 }
+/// `app.kubernetes.io/name` of everything a MyDatabase owns.
+pub const APP_NAME: &str = "postgresql";
+
 /// Labels on every object of `db`, for `component` (database, backup, ...).
 pub fn labels(db: &MyDatabase, component: &str) -> BTreeMap<String, String> {
-    let mut labels = meta::recommended_labels("postgresql", component, &db.name_any());
+    let mut labels = meta::recommended_labels(APP_NAME, component, &db.name_any());
     labels.insert(CLUSTER_LABEL.into(), db.name_any());
     labels
 }

@@ -25,15 +25,48 @@ pub struct Context {
     pub status_writes: StatusWrites,
 }
 
-/// When this process last wrote each object's status (`controller/namespace/name`).
+/// When this process last wrote each object's status (`controller/namespace/name`),
+/// and the budget of progress reports.
 #[derive(Default)]
 pub struct StatusWrites {
     at: Mutex<HashMap<String, std::time::Instant>>,
+    progress: Mutex<Option<ProgressBudget>>,
+}
+
+/// Progress reports (a status on its way to another) are news no one waits
+/// for: together they may take `PROGRESS_PER_SECOND` writes, `PROGRESS_BURST`
+/// at once. When many objects converge at once, the API server's capacity
+/// goes to their children and to their final statuses instead.
+pub const PROGRESS_PER_SECOND: f64 = 2.0;
+pub const PROGRESS_BURST: f64 = 10.0;
+
+/// A token bucket (a dependency such as `governor` would be more than these lines).
+struct ProgressBudget {
+    tokens: f64,
+    at: std::time::Instant,
 }
 
 impl StatusWrites {
     pub fn record(&self, key: String) {
         self.at.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, std::time::Instant::now());
+    }
+
+    /// Takes one progress report from the budget; false when it is spent.
+    pub fn take_progress(&self) -> bool {
+        self.take_progress_at(std::time::Instant::now())
+    }
+
+    fn take_progress_at(&self, now: std::time::Instant) -> bool {
+        let mut budget = self.progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let budget = budget.get_or_insert(ProgressBudget { tokens: PROGRESS_BURST, at: now });
+        let earned = now.saturating_duration_since(budget.at).as_secs_f64() * PROGRESS_PER_SECOND;
+        budget.tokens = (budget.tokens + earned).min(PROGRESS_BURST);
+        budget.at = now;
+        let granted = budget.tokens >= 1.0;
+        if granted {
+            budget.tokens -= 1.0;
+        }
+        granted
     }
 
     /// How long ago the last write was, if there was one.
@@ -115,6 +148,25 @@ impl Context {
                 tracing::warn!(%error, reason = %event.reason, "could not publish event");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod progress_budget_tests {
+    use super::{PROGRESS_BURST, PROGRESS_PER_SECOND, StatusWrites};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_burst_then_the_steady_rate() {
+        let writes = StatusWrites::default();
+        let start = Instant::now();
+        let burst = (0..100).filter(|_| writes.take_progress_at(start)).count();
+        assert_eq!(burst, PROGRESS_BURST as usize);
+        // Ten seconds later: what was earned meanwhile, never more than a burst.
+        let later = start + Duration::from_secs(10);
+        let earned = (0..100).filter(|_| writes.take_progress_at(later)).count();
+        assert_eq!(earned, (10.0 * PROGRESS_PER_SECOND).min(PROGRESS_BURST) as usize);
+        assert!(!writes.take_progress_at(later), "spent");
     }
 }
 

@@ -42,9 +42,11 @@ pub fn selector(labels: &BTreeMap<String, String>) -> String {
     labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
 }
 
-/// Selector matching every object Keelson manages, for owned watches.
-pub fn managed_selector() -> String {
-    format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)
+/// Selector matching the objects Keelson manages for one controller (its
+/// `app.kubernetes.io/name`), for its owned watches: neither controller
+/// caches the other's children.
+pub fn managed_selector(app_name: &str) -> String {
+    format!("{}={},app.kubernetes.io/name={app_name}", MANAGED_BY.0, MANAGED_BY.1)
 }
 
 /// True when `labels` holds every pair of `wanted`.

@@ -176,7 +176,12 @@ fn status_hold<R: Reconciler>(
         // Written before this process started: no hold.
         (None, Some(_)) => return None,
     };
-    STATUS_SETTLE.checked_sub(elapsed).filter(|wait| !wait.is_zero())
+    match STATUS_SETTLE.checked_sub(elapsed).filter(|wait| !wait.is_zero()) {
+        Some(wait) => Some(wait),
+        // Due, if the budget of progress reports allows; else looked at again later.
+        None if ctx.status_writes.take_progress() => None,
+        None => Some(STATUS_SETTLE),
+    }
 }
 
 fn status_key<R: Reconciler>(object: &R::Object) -> String {

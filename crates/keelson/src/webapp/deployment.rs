@@ -20,9 +20,12 @@ pub fn selector_labels(app: &WebApp) -> BTreeMap<String, String> {
     [("app".to_string(), app.name_any())].into()
 }
 
+/// `app.kubernetes.io/name` of everything a WebApp owns.
+pub const APP_NAME: &str = "webapp";
+
 /// Selector and recommended labels for everything a WebApp owns.
 pub fn labels(app: &WebApp) -> BTreeMap<String, String> {
-    let mut labels = meta::recommended_labels("webapp", "server", &app.name_any());
+    let mut labels = meta::recommended_labels(APP_NAME, "server", &app.name_any());
     labels.extend(selector_labels(app));
     labels
 }

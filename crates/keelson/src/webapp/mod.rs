@@ -42,7 +42,7 @@ pub const RBAC: &[Permission] = &[
 pub async fn run(params: RunParams) {
     let RunParams { ctx, readiness, namespace, concurrency, on_synced, shutdown } = params;
     let namespace = namespace.as_deref();
-    let managed = meta::managed_selector();
+    let managed = meta::managed_selector(deployment::APP_NAME);
     let watch = |kind: &str| readiness.watch(format!("{}/{kind}", reconcile::CONTROLLER));
     let (apps, app_events) = cache::watch(scoped_api::<WebApp>(&ctx.client, namespace), "", watch("WebApp"));
     let (deployments, deployment_events) =
