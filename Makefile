@@ -36,6 +36,10 @@ test: ## Unit and integration tests; builds/starts the local cluster and Postgre
 bench: ## Benchmark: 1000 WebApps, drift latency, idle writes, memory; writes docs/benchmarks.md
 	hack/bench.sh full
 
+.PHONY: bench-scale
+bench-scale: ## The benchmark at N = 100, 1000, 3000, 10000 (KEELSON_SCALE_N="..." to choose); writes docs/bench-scale.md
+	hack/bench.sh scale
+
 .PHONY: bench-quick
 bench-quick: ## The same benchmark at N=100 (under 3 minutes)
 	hack/bench.sh quick

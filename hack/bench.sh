@@ -3,6 +3,7 @@
 # its own (target/bench-cluster), with a release build of the operator.
 #   hack/bench.sh full     N=1000 WebApps, 100 drift trials, 100 MyDatabases; writes docs/benchmarks.md
 #   hack/bench.sh quick    N=100, 20 drift trials, 20 MyDatabases, 20 s of rest
+#   hack/bench.sh scale    N=100, 1000, 3000, 10000 (KEELSON_SCALE_N to choose); writes docs/bench-scale.md
 # Extra arguments go to keelson-bench (e.g. --operator-cmd "...").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,9 +21,25 @@ hack/cluster.sh up
 trap 'hack/cluster.sh down' EXIT
 export KUBECONFIG="$KEELSON_CLUSTER_DIR/kubeconfig" KEELSON_AUDIT_LOG="$KEELSON_CLUSTER_DIR/audit.log"
 
+scale() {
+  # Each N in turn on the same cluster; a failure stops the series, and what finished is kept and reported.
+  local out=target/bench-scale stopped=""
+  rm -rf "$out"
+  for n in ${KEELSON_SCALE_N:-100 1000 3000 10000}; do
+    echo "[bench-scale] N=$n" >&2
+    if ! target/release/keelson-bench --n "$n" --drift-trials 20 --databases 0 --idle-seconds 10 --out "$out/$n" "$@"; then
+      stopped="N=$n did not finish (see the output above); the smaller sizes are reported"
+      break
+    fi
+  done
+  target/release/keelson-bench --scale-report "$out" ${stopped:+--stopped "$stopped"}
+  echo "summary: docs/bench-scale.md" >&2
+}
+
 case "$mode" in
   full) target/release/keelson-bench --n 1000 --drift-trials 100 --databases 100 --idle-seconds 60 --write-docs "$@" ;;
   quick) target/release/keelson-bench --n 100 --drift-trials 20 --databases 20 --idle-seconds 20 "$@" ;;
-  *) echo "usage: $0 full|quick [keelson-bench args]" >&2; exit 2 ;;
+  scale) scale "$@" ;;
+  *) echo "usage: $0 full|quick|scale [keelson-bench args]" >&2; exit 2 ;;
 esac
 echo "results: target/bench/results.json" >&2

@@ -14,6 +14,16 @@ log "control-plane binaries: $BIN"
 hack/postgres.sh ensure-installed
 
 started_cluster=0
+cleanup() {
+  local rc=$?
+  if [[ $started_cluster -eq 1 ]]; then
+    hack/cluster.sh down
+    # The cluster this run started must go without a trace (processes, mounts, rules).
+    hack/cluster.sh leftovers || { log "cluster-down left the above behind"; rc=1; }
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
 if hack/cluster.sh status 2>/dev/null | grep -q 'kwok profile'; then
   log "the running dev cluster has no real node (kwok profile); restarting it with one"
   hack/demo.sh stop-operator
@@ -27,19 +37,10 @@ if hack/cluster.sh status >/dev/null 2>&1; then
     hack/demo.sh stop-operator
   fi
 else
-  hack/cluster.sh up
+  # Set first: a start that fails halfway is stopped as well.
   started_cluster=1
+  hack/cluster.sh up
 fi
-cleanup() {
-  local rc=$?
-  if [[ $started_cluster -eq 1 ]]; then
-    hack/cluster.sh down
-    # The cluster this run started must go without a trace (processes, mounts, rules).
-    hack/cluster.sh leftovers || { log "cluster-down left the above behind"; rc=1; }
-  fi
-  exit "$rc"
-}
-trap cleanup EXIT
 
 # shellcheck disable=SC1091
 source target/dev-cluster/env

@@ -59,6 +59,12 @@ CFG
 }
 
 healthy_kubelet() { # registered and Ready, then marked with its stand-in images
+  # A kubelet that asked containerd's CRI too early ("server is not initialized yet") exits: again.
+  if ! pid_alive kubelet; then
+    log "kubelet exited while starting ($(tail -n 1 "$DIR/kubelet.log" | cut -c1-160)); starting it again"
+    start_kubelet
+    return 1
+  fi
   [[ "$(kubectl_admin get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]] \
     && kubectl_admin annotate node "$NODE_NAME" --overwrite "keelson.dev/stand-in-images=${STAND_INS:-}" >/dev/null
 }

@@ -4,6 +4,7 @@
 
 mod measure;
 mod report;
+mod scale;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -61,6 +62,12 @@ struct Args {
     /// Only write docs/benchmarks.md again from this results.json (after its text changed).
     #[arg(long)]
     markdown_from: Option<PathBuf>,
+    /// Only summarise the runs in `<dir>/<N>/results.json` into docs/bench-scale.md and docs/bench/scale/.
+    #[arg(long)]
+    scale_report: Option<PathBuf>,
+    /// With --scale-report: why the series stopped before its largest N.
+    #[arg(long)]
+    stopped: Option<String>,
 }
 
 const SA_NAMESPACE: &str = "keelson-bench";
@@ -232,6 +239,12 @@ async fn direct(client: &Client, n: usize) -> anyhow::Result<(f64, Vec<f64>)> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(dir) = &args.scale_report {
+        let runs = scale::collect(dir)?;
+        scale::write_pictures(std::path::Path::new("docs/bench/scale"), &runs)?;
+        std::fs::write("docs/bench-scale.md", scale::markdown(&runs, args.stopped.as_deref()))?;
+        return Ok(());
+    }
     if let Some(results) = &args.markdown_from {
         let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(results)?)?;
         std::fs::write("docs/benchmarks.md", report::markdown(&results))?;
@@ -314,7 +327,11 @@ async fn main() -> anyhow::Result<()> {
         window_end,
     )?;
     let rss_rest_mb = sampler.current_rss_mb();
-    eprintln!("[bench] rest: {idle_writes} writes in {}s; RSS {rss_rest_mb:.1} MB", args.idle_seconds);
+    let (rss_rest_anon_mb, rss_rest_file_mb) = sampler.current_rss_split_mb();
+    eprintln!(
+        "[bench] rest: {idle_writes} writes in {}s; RSS {rss_rest_mb:.1} MB (anonymous {rss_rest_anon_mb:.1}, file {rss_rest_file_mb:.1})",
+        args.idle_seconds
+    );
 
     // 4. Drift: scale a random owned Deployment to 10, time the revert through a watch.
     // Every spec.replicas the watch delivers, per Deployment, with when it arrived.
@@ -427,6 +444,8 @@ async fn main() -> anyhow::Result<()> {
             "idle_writes": idle_writes,
             "rss_peak_mb": round(rss_peak_mb),
             "rss_rest_mb": round(rss_rest_mb),
+            "rss_rest_anon_mb": round(rss_rest_anon_mb),
+            "rss_rest_file_mb": round(rss_rest_file_mb),
             "cpu_s": round(cpu_s),
         },
         "restart": restart,

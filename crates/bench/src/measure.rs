@@ -119,8 +119,13 @@ pub struct ProcessSampler {
 }
 
 fn rss_kb(pid: u32) -> Option<u64> {
+    status_kb(pid, "VmRSS:")
+}
+
+/// A `kB` field of `/proc/<pid>/status`.
+fn status_kb(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
+    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn clock_ticks() -> f64 {
@@ -154,6 +159,12 @@ impl ProcessSampler {
 
     pub fn current_rss_mb(&self) -> f64 {
         rss_kb(self.pid).unwrap_or(0) as f64 / 1024.0
+    }
+
+    /// The resident memory now, split into anonymous (heap, stacks) and file-backed (the binary's pages).
+    pub fn current_rss_split_mb(&self) -> (f64, f64) {
+        let mb = |field| status_kb(self.pid, field).unwrap_or(0) as f64 / 1024.0;
+        (mb("RssAnon:"), mb("RssFile:"))
     }
 
     /// User + system CPU seconds so far.

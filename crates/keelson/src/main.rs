@@ -6,6 +6,21 @@ use clap::{Parser, Subcommand};
 
 use keelson::manifests;
 
+/// jemalloc, as kube-rs's controller-rs and Linkerd's controllers use: glibc's
+/// allocator kept freed pages of the initial lists resident for the process's life.
+#[cfg(all(target_os = "linux", not(target_env = "msvc")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read before `main`: two arenas (the runtime has two
+/// workers by default on small nodes, and more arenas hold more idle pages),
+/// and freed pages handed back to the system within a second by a background
+/// thread, so that an initial list's peak does not stay resident.
+#[cfg(all(target_os = "linux", not(target_env = "msvc")))]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+#[allow(non_upper_case_globals)]
+pub static malloc_conf: &u8 = &b"narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0];
+
 #[derive(Parser)]
 #[command(name = "keelson", version, about = "Kubernetes operator for WebApps and PostgreSQL databases")]
 struct Cli {

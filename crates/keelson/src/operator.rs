@@ -209,7 +209,11 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         })
     };
     tracing::info!(namespace = ?args.namespace, concurrency = args.concurrency, "starting controllers");
-    let ctx = Context::new(client, metrics.clone(), Settings { instance_image: args.instance_image.clone() });
+    let webapps = crate::runtime::scoped_api::<crate::api::WebApp>(&client, args.namespace.as_deref());
+    let streaming_lists = crate::runtime::cache::streaming_lists_supported(&webapps).await;
+    tracing::info!(streaming_lists, "initial lists: streamed if the API server supports it");
+    let settings = Settings { instance_image: args.instance_image.clone(), streaming_lists };
+    let ctx = Context::new(client, metrics.clone(), settings);
     run_controllers(ctx, args.namespace.clone(), args.concurrency, readiness, shutdown_rx).await;
     metrics.leader.set(0);
 

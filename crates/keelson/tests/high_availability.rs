@@ -102,13 +102,20 @@ fn client(name: &str, script: &str) -> serde_json::Value {
     pod
 }
 
-/// One INSERT per connection through `-rw`, each acknowledged id logged with the time.
-const WRITER: &str = r#"i=0
+/// One INSERT per connection through `-rw`, each acknowledged id logged with the time, each
+/// refusal with psql's reason. The Service's name is looked up once: what is measured is Keelson
+/// moving `-rw`, not the cluster's DNS (under the whole suite's load, one pause of two 5 s
+/// resolver timeouts was seen).
+const WRITER: &str = r#"host="${URI#*@}"; host="${host%%:*}"
+until ip="$(getent hosts "$host" | awk '{print $1; exit}')" && [ -n "$ip" ]; do sleep 0.2; done
+URI="$(echo "$URI" | sed "s/@$host:/@$ip:/")"
+i=0
 until [ -f /tmp/stop ]; do
   i=$((i+1))
-  if psql "$URI" -X -q -v ON_ERROR_STOP=1 -c "INSERT INTO acked VALUES ($i)" 2>/dev/null; then
+  if psql "$URI" -X -q -v ON_ERROR_STOP=1 -c "INSERT INTO acked VALUES ($i)" 2>/tmp/error; then
     echo "ok $i $(date +%s%3N)"
   else
+    echo "failed $i $(date +%s%3N) $(head -c 160 /tmp/error | tr '\n' ' ')"
     sleep 0.05
   fi
 done
@@ -345,6 +352,13 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     }
     for pair in acked.windows(2).filter(|pair| pair[1].1 - pair[0].1 > 1000) {
         eprintln!("  t={:>7} ms: writes paused {} ms", pair[0].1.saturating_sub(first), pair[1].1 - pair[0].1);
+        // What the writer was told meanwhile, for diagnosis.
+        let told = written.lines().filter(|line| line.starts_with("failed ")).filter(|line| {
+            line.split(' ').nth(2).and_then(|t| t.parse::<u128>().ok()).is_some_and(|t| t > pair[0].1 && t < pair[1].1)
+        });
+        for line in told.take(5) {
+            eprintln!("      {line}");
+        }
     }
     let mut deletions: Vec<Duration> =
         report.iter().filter(|(d, _)| *d == Disruption::Delete).map(|(_, gap)| *gap).collect();

@@ -102,7 +102,10 @@ pub async fn run(params: RunParams) {
     let managed = meta::managed_selector(names::APP_NAME);
     // Database pods; backup and restore pods for what their termination message reports.
     let of_components = |components: &str| format!("{managed},app.kubernetes.io/component in ({components})");
-    let watch = |kind: &str| readiness.watch(format!("{}/{kind}", reconcile::CONTROLLER));
+    let watch = |kind: &str| cache::Watching {
+        health: readiness.watch(format!("{}/{kind}", reconcile::CONTROLLER)),
+        streaming_lists: ctx.settings.streaming_lists,
+    };
     let (databases, database_events) =
         cache::watch(scoped_api::<MyDatabase>(client, namespace), "", watch("MyDatabase"));
     let (statefulsets, statefulset_events) =

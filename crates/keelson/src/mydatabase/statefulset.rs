@@ -411,7 +411,7 @@ mod tests {
 
     #[test]
     fn the_instance_manager_comes_from_the_operator_image_and_alone_holds_a_token() {
-        let settings = Settings { instance_image: "keelson:dev-1".into() };
+        let settings = Settings { instance_image: "keelson:dev-1".into(), ..Default::default() };
         let sts = build(&sample(), &settings).expect("builds");
         let pod = sts.spec.and_then(|s| s.template.spec).expect("pod");
         let install = &pod.init_containers.as_ref().expect("init containers")[0];

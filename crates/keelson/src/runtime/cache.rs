@@ -15,20 +15,32 @@ use std::time::Duration;
 use super::health::WatchHealth;
 use super::meta;
 
+/// How one watch runs: where it reports its health, and whether its initial
+/// list comes as a stream of events (see [`streaming_lists_supported`]).
+pub struct Watching {
+    pub health: WatchHealth,
+    pub streaming_lists: bool,
+}
+
 /// A watch of `api` filtered by `labels`, cached; managedFields are dropped to
 /// save memory. It retries with backoff for ever and reports its failures to
-/// `health`. Returns the cache and the stream of touched objects, which never
-/// carries an error.
+/// its health. Returns the cache and the stream of touched objects, which
+/// never carries an error.
 pub fn watch<K>(
     api: Api<K>,
     labels: &str,
-    health: WatchHealth,
+    watching: Watching,
 ) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
+    let Watching { health, streaming_lists } = watching;
     let (store, writer) = reflector::store::<K>();
-    let stream = watcher(api, watcher::Config::default().labels(labels))
+    let mut config = watcher::Config::default().labels(labels);
+    if streaming_lists {
+        config = config.streaming_lists();
+    }
+    let stream = watcher(api, config)
         .backoff(retry_backoff())
         .inspect(move |event| match event {
             Ok(_) => health.working(),
@@ -44,6 +56,23 @@ where
         // stayed blind for minutes.
         .filter_map(|event| future::ready(event.ok().map(Ok)));
     (store, stream)
+}
+
+/// Whether the API server sends a watch's initial list as events, one object
+/// at a time (WatchList), instead of in pages the client must hold whole:
+/// asked once at startup with a watch of `api` that the server ends after a
+/// second. An older server, or one with the feature off, refuses it.
+pub async fn streaming_lists_supported<K>(api: &Api<K>) -> bool
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let params = kube::api::WatchParams::streaming_lists().timeout(1);
+    let Ok(stream) = api.watch(&params, "0").await else { return false };
+    let mut stream = std::pin::pin!(stream);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), stream.next()).await,
+        Ok(Some(Ok(kube::api::WatchEvent::Added(_) | kube::api::WatchEvent::Bookmark(_))))
+    )
 }
 
 /// How a failed watch retries: 200 ms doubling to at most 2 s, jittered, for

@@ -116,11 +116,13 @@ impl OwnWrites {
 pub struct Settings {
     /// The image MyDatabase pods copy the instance manager from: the operator's own.
     pub instance_image: String,
+    /// Watches receive their initial lists as streams (the API server supports it).
+    pub streaming_lists: bool,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Self { instance_image: concat!("keelson:", env!("CARGO_PKG_VERSION")).into() }
+        Self { instance_image: concat!("keelson:", env!("CARGO_PKG_VERSION")).into(), streaming_lists: false }
     }
 }
 

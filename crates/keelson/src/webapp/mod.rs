@@ -43,7 +43,10 @@ pub async fn run(params: RunParams) {
     let RunParams { ctx, readiness, namespace, concurrency, on_synced, shutdown } = params;
     let namespace = namespace.as_deref();
     let managed = meta::managed_selector(deployment::APP_NAME);
-    let watch = |kind: &str| readiness.watch(format!("{}/{kind}", reconcile::CONTROLLER));
+    let watch = |kind: &str| cache::Watching {
+        health: readiness.watch(format!("{}/{kind}", reconcile::CONTROLLER)),
+        streaming_lists: ctx.settings.streaming_lists,
+    };
     let (apps, app_events) = cache::watch(scoped_api::<WebApp>(&ctx.client, namespace), "", watch("WebApp"));
     let (deployments, deployment_events) =
         cache::watch(scoped_api::<Deployment>(&ctx.client, namespace), &managed, watch("Deployment"));

@@ -184,7 +184,11 @@ impl TestOperator {
     ) -> anyhow::Result<Self> {
         let client = cluster.client_as_service_account(&home.name, OPERATOR_SA)?;
         let metrics = Arc::new(Metrics::default());
-        let ctx = Context::new(client, metrics.clone(), Settings { instance_image: instance_image()? });
+        // As the operator does: initial lists streamed where the API server supports it.
+        let webapps: kube::Api<keelson::api::WebApp> = kube::Api::namespaced(client.clone(), &ns.name);
+        let streaming_lists = keelson::runtime::cache::streaming_lists_supported(&webapps).await;
+        let ctx =
+            Context::new(client, metrics.clone(), Settings { instance_image: instance_image()?, streaming_lists });
         let readiness = Readiness::default();
         let (stop, stop_rx) = watch::channel(false);
         let task =
