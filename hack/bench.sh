@@ -12,6 +12,8 @@ mode="${1:-quick}"; shift || true
 export KEELSON_CLUSTER_DIR="$ROOT/target/bench-cluster"
 # KWOK only: thousands of pods on fake nodes, no real node beside them.
 export KEELSON_CLUSTER_PROFILE=kwok
+# Every WebApp has a NodePort Service: the default range (2768 ports) would cap N below 3000.
+export KEELSON_NODE_PORT_RANGE=20000-32767
 # The API server audits writes only here: auditing reads would slow what is measured.
 export KEELSON_AUDIT_READS=0
 

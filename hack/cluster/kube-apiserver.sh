@@ -14,6 +14,7 @@ start_kube_apiserver() {
     --kubelet-client-certificate "$DIR/pki/apiserver-kubelet-client.crt" \
     --kubelet-client-key "$DIR/pki/apiserver-kubelet-client.key" \
     --service-cluster-ip-range 10.96.0.0/16 --endpoint-reconciler-type none \
+    --service-node-port-range "${KEELSON_NODE_PORT_RANGE:-30000-32767}" \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$DIR/pki/sa.pub" --service-account-signing-key-file "$DIR/pki/sa.key" \
     --audit-policy-file "$DIR/audit-policy.yaml" --audit-log-path "$DIR/audit.log" \

@@ -2,6 +2,7 @@
 //! latency summaries, and write requests counted in the API server's audit log.
 
 use std::io::BufRead;
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
@@ -29,7 +30,9 @@ impl Operator {
         let mut words = command.split_whitespace();
         let program = words.next().context("empty --operator-cmd")?;
         let file = std::fs::File::create(log)?;
+        // Its own process group: a wrapper (heaptrack, time) and the operator under it stop together.
         let child = Command::new(program)
+            .process_group(0)
             .args(words)
             .env("KUBECONFIG", kubeconfig)
             .env("POD_NAME", "keelson-bench")
@@ -97,17 +100,26 @@ impl Operator {
         }
     }
 
-    /// SIGTERM, then the exit status.
+    /// SIGTERM to its process group, then the exit status.
     pub async fn stop(mut self) -> anyhow::Result<ExitStatus> {
-        Command::new("kill").arg("-TERM").arg(self.pid().to_string()).status()?;
+        Command::new("kill").arg("-TERM").arg("--").arg(format!("-{}", self.pid())).status()?;
         for _ in 0..300 {
             if let Some(status) = self.child.try_wait()? {
                 return Ok(status);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        self.child.kill()?;
+        Command::new("kill").arg("-KILL").arg("--").arg(format!("-{}", self.pid())).status()?;
         Ok(self.child.wait()?)
+    }
+}
+
+/// A bench that fails half-way leaves no operator behind (it would act on the next run's cluster).
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = Command::new("kill").arg("-KILL").arg("--").arg(format!("-{}", self.pid())).status();
+        }
     }
 }
 

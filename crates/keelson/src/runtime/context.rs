@@ -29,8 +29,15 @@ pub struct Context {
 /// and the budget of progress reports.
 #[derive(Default)]
 pub struct StatusWrites {
-    at: Mutex<HashMap<String, std::time::Instant>>,
+    written: Mutex<HashMap<String, Written>>,
     progress: Mutex<Option<ProgressBudget>>,
+}
+
+/// Our last status write to one object: when, what, and the version it left.
+struct Written {
+    at: std::time::Instant,
+    status: String,
+    version: Option<String>,
 }
 
 /// Progress reports (a status on its way to another) are news no one waits
@@ -47,8 +54,20 @@ struct ProgressBudget {
 }
 
 impl StatusWrites {
-    pub fn record(&self, key: String) {
-        self.at.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, std::time::Instant::now());
+    pub fn record(&self, key: String, status: String, version: Option<String>) {
+        let written = Written { at: std::time::Instant::now(), status, version };
+        self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, written);
+    }
+
+    /// Whether `status` is what we wrote last and the cached object, at
+    /// version `cached`, does not show that write yet: writing it again would
+    /// repeat ourselves (a reconcile right after ours reads the cache before
+    /// our write reached it).
+    pub fn not_yet_seen(&self, key: &str, status: &str, cached: Option<&str>) -> bool {
+        let written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        written.get(key).is_some_and(|w| {
+            w.status == status && w.version.as_deref().is_some_and(|ours| !version_at_least(cached, ours))
+        })
     }
 
     /// Takes one progress report from the budget; false when it is spent.
@@ -71,7 +90,7 @@ impl StatusWrites {
 
     /// How long ago the last write was, if there was one.
     pub fn since(&self, key: &str) -> Option<Duration> {
-        self.at.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(key).map(|at| at.elapsed())
+        self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(key).map(|w| w.at.elapsed())
     }
 }
 
@@ -99,16 +118,20 @@ impl OwnWrites {
     /// Whether a cached copy at `cached` shows our last write (false when we never wrote).
     pub fn caught_up(&self, key: &str, cached: Option<&str>) -> bool {
         let versions = self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Some(ours) = versions.get(key) else { return false };
-        let number = |v: &str| v.parse::<u64>().ok();
-        cached == Some(ours.as_str())
-            || cached.and_then(number).zip(number(ours)).is_some_and(|(cached, ours)| cached >= ours)
+        versions.get(key).is_some_and(|ours| version_at_least(cached, ours))
     }
 
     /// Forgets a child that was deleted.
     pub fn forget(&self, key: &str) {
         self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(key);
     }
+}
+
+/// Whether a copy at version `cached` is at `ours` or later (versions compared
+/// as the numbers etcd gives; one that is not a number counts as older).
+fn version_at_least(cached: Option<&str>, ours: &str) -> bool {
+    let number = |v: &str| v.parse::<u64>().ok();
+    cached == Some(ours) || cached.and_then(number).zip(number(ours)).is_some_and(|(cached, ours)| cached >= ours)
 }
 
 /// What the operator's flags say about the objects it builds.
@@ -157,6 +180,17 @@ impl Context {
 mod progress_budget_tests {
     use super::{PROGRESS_BURST, PROGRESS_PER_SECOND, StatusWrites};
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_status_we_wrote_is_not_written_again_until_the_cache_shows_it() {
+        let writes = StatusWrites::default();
+        let key = "webapp/ns/app";
+        assert!(!writes.not_yet_seen(key, "Running", Some("5")), "never written");
+        writes.record(key.into(), "Running".into(), Some("10".into()));
+        assert!(writes.not_yet_seen(key, "Running", Some("9")), "the cache lags our write");
+        assert!(!writes.not_yet_seen(key, "Running", Some("10")), "the cache shows it: compare with the cache");
+        assert!(!writes.not_yet_seen(key, "Scaling", Some("9")), "another status is news");
+    }
 
     #[test]
     fn a_burst_then_the_steady_rate() {

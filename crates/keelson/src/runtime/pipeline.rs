@@ -185,7 +185,7 @@ fn status_hold<R: Reconciler>(
 }
 
 fn status_key<R: Reconciler>(object: &R::Object) -> String {
-    format!("{}/{}/{}", R::CONTROLLER, object.namespace().unwrap_or_default(), object.name_any())
+    status::key(R::CONTROLLER, object)
 }
 
 /// The deletion stage: clean up, write status, release the finalizer when done.
@@ -258,7 +258,6 @@ async fn write_status<R: Reconciler>(
     if !status::write_if_changed(ctx, R::CONTROLLER, object, R::current_status(object), new_status).await? {
         return Ok(());
     }
-    ctx.status_writes.record(status_key::<R>(object));
     if let Some(invalid) = &outcome.invalid {
         let (namespace, name) = (object.namespace().unwrap_or_default(), object.name_any());
         tracing::warn!(namespace, name, field = invalid.field, "invalid spec: {}", invalid.message);

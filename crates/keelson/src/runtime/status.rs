@@ -20,9 +20,15 @@ pub fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now.round(k8s_openapi::jiff::Unit::Second).unwrap_or(now))
 }
 
+/// How [`crate::runtime::context::StatusWrites`] knows an object: `controller/namespace/name`.
+pub fn key<K: Resource>(controller: &str, object: &K) -> String {
+    format!("{controller}/{}/{}", object.namespace().unwrap_or_default(), object.name_any())
+}
+
 /// Writes `new` when it differs from `current`; true when it wrote. A write
 /// changes the object, which triggers another reconcile, so an unchanged
-/// status must never be written (that would loop).
+/// status must never be written (that would loop), nor one we wrote that
+/// the cached object does not show yet.
 pub async fn write_if_changed<K, S>(
     ctx: &Context,
     controller: &'static str,
@@ -38,6 +44,11 @@ where
         return Ok(false);
     }
     let namespace = object.namespace().unwrap_or_default();
+    let key = key(controller, object);
+    let status = serde_json::to_string(new).map_err(|source| Error::Serialize { what: "status", source })?;
+    if ctx.status_writes.not_yet_seen(&key, &status, object.resource_version().as_deref()) {
+        return Ok(false);
+    }
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
     // The whole status, as computed: a merge patch would keep fields that are gone
     // from the new one (a record's field that is None now, merged into the last record).
@@ -46,6 +57,8 @@ where
         serde_json::from_value(patch).map_err(|source| Error::Serialize { what: "status patch", source })?;
     let result = api.patch_status(&object.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch)).await;
     ctx.metrics.status_writes.get_or_create(&ControllerLabels { controller }).inc();
-    result.map_err(Error::kube(format!("write status of {} {namespace}/{}", K::kind(&()), object.name_any())))?;
+    let written =
+        result.map_err(Error::kube(format!("write status of {} {namespace}/{}", K::kind(&()), object.name_any())))?;
+    ctx.status_writes.record(key, status, written.resource_version());
     Ok(true)
 }
