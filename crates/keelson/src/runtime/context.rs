@@ -33,11 +33,19 @@ pub struct StatusWrites {
     progress: Mutex<Option<ProgressBudget>>,
 }
 
-/// Our last status write to one object: when, what, and the version it left.
+/// Our last status write to one object: when, what (a hash: the status
+/// itself would cost a copy per object), and the version it left.
 struct Written {
     at: std::time::Instant,
-    status: String,
+    status: u64,
     version: Option<String>,
+}
+
+fn hash(status: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    status.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Progress reports (a status on its way to another) are news no one waits
@@ -54,8 +62,8 @@ struct ProgressBudget {
 }
 
 impl StatusWrites {
-    pub fn record(&self, key: String, status: String, version: Option<String>) {
-        let written = Written { at: std::time::Instant::now(), status, version };
+    pub fn record(&self, key: String, status: &str, version: Option<String>) {
+        let written = Written { at: std::time::Instant::now(), status: hash(status), version };
         self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, written);
     }
 
@@ -66,7 +74,7 @@ impl StatusWrites {
     pub fn not_yet_seen(&self, key: &str, status: &str, cached: Option<&str>) -> bool {
         let written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         written.get(key).is_some_and(|w| {
-            w.status == status && w.version.as_deref().is_some_and(|ours| !version_at_least(cached, ours))
+            w.status == hash(status) && w.version.as_deref().is_some_and(|ours| !version_at_least(cached, ours))
         })
     }
 
@@ -186,7 +194,7 @@ mod progress_budget_tests {
         let writes = StatusWrites::default();
         let key = "webapp/ns/app";
         assert!(!writes.not_yet_seen(key, "Running", Some("5")), "never written");
-        writes.record(key.into(), "Running".into(), Some("10".into()));
+        writes.record(key.into(), "Running", Some("10".into()));
         assert!(writes.not_yet_seen(key, "Running", Some("9")), "the cache lags our write");
         assert!(!writes.not_yet_seen(key, "Running", Some("10")), "the cache shows it: compare with the cache");
         assert!(!writes.not_yet_seen(key, "Scaling", Some("9")), "another status is news");

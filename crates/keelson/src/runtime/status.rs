@@ -59,6 +59,6 @@ where
     ctx.metrics.status_writes.get_or_create(&ControllerLabels { controller }).inc();
     let written =
         result.map_err(Error::kube(format!("write status of {} {namespace}/{}", K::kind(&()), object.name_any())))?;
-    ctx.status_writes.record(key, status, written.resource_version());
+    ctx.status_writes.record(key, &status, written.resource_version());
     Ok(true)
 }
