@@ -1,7 +1,8 @@
 # Keelson manager image: a static binary on a minimal non-root base.
 # docker build -t keelson:0.1.0 .
 FROM rust:1.95-alpine AS build
-RUN apk add --no-cache musl-dev
+# make: jemalloc (tikv-jemalloc-sys) is built from source.
+RUN apk add --no-cache musl-dev make
 WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY crates ./crates
