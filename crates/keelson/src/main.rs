@@ -6,8 +6,9 @@ use clap::{Parser, Subcommand};
 
 use keelson::manifests;
 
-/// jemalloc, as kube-rs's controller-rs and Linkerd's controllers use: glibc's
-/// allocator kept freed pages of the initial lists resident for the process's life.
+/// jemalloc, as kube-rs's controller-rs and Linkerd's controllers use, tuned
+/// below to hand freed pages back (at N=1000 RSS at rest went 38.5 → 35.0 MB
+/// with the LTO build, in runs disturbed by a stray operator: a modest gain).
 #[cfg(all(target_os = "linux", not(target_env = "msvc")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
