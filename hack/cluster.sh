@@ -27,7 +27,8 @@
 # `healthy_<name>` and, where stopping is more than a signal to its pid,
 # `stop_<name>`. State, logs and the admin kubeconfig live in
 # $KEELSON_CLUSTER_DIR (default target/dev-cluster). Ports come from
-# $KEELSON_CLUSTER_PORT_BASE, else from a hash of that folder's path, moved on
+# $KEELSON_CLUSTER_PORT_BASE, else from a hash of that folder's path (within
+# 10000-19999, outside the ephemeral range), moved on
 # while any is taken; the node's bridge and subnet from the same hash.
 set -euo pipefail
 

@@ -12,7 +12,10 @@ pick_ports() {
   if [[ -n "${KEELSON_CLUSTER_PORT_BASE:-}" ]]; then
     base="$KEELSON_CLUSTER_PORT_BASE"
   else
-    base=$(( 20000 + ($(printf '%s' "$DIR" | cksum | cut -d' ' -f1) % 1000) * 20 ))
+    # 10000-19999: below the kernel's ephemeral range (32768-60999), where a
+    # component's own outgoing connection could take a port between this
+    # check and its listen, and below the NodePort ranges.
+    base=$(( 10000 + ($(printf '%s' "$DIR" | cksum | cut -d' ' -f1) % 450) * 20 ))
   fi
   local tries=0
   while :; do
