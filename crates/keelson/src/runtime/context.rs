@@ -26,11 +26,11 @@ pub struct Context {
 }
 
 /// When this process last wrote each object's status (`controller/namespace/name`),
-/// and the budget of progress reports.
+/// and which objects are on their way to another status.
 #[derive(Default)]
 pub struct StatusWrites {
     written: Mutex<HashMap<String, Written>>,
-    progress: Mutex<Option<ProgressBudget>>,
+    converging: Mutex<Converging>,
 }
 
 /// Our last status write to one object: when, what (a hash: the status
@@ -49,16 +49,22 @@ fn hash(status: &str) -> u64 {
 }
 
 /// Progress reports (a status on its way to another) are news no one waits
-/// for: together they may take `PROGRESS_PER_SECOND` writes, `PROGRESS_BURST`
-/// at once. When many objects converge at once, the API server's capacity
-/// goes to their children and to their final statuses instead.
-pub const PROGRESS_PER_SECOND: f64 = 2.0;
-pub const PROGRESS_BURST: f64 = 10.0;
+/// for. While more than `CROWD` objects are on their way at once, none is
+/// written: the API server's capacity goes to their children and final
+/// statuses, and a phase would be stale before anyone read it. An object
+/// still on its way a settle time after the crowd thinned is reported then.
+pub const CROWD: usize = 10;
 
-/// A token bucket (a dependency such as `governor` would be more than these lines).
-struct ProgressBudget {
-    tokens: f64,
-    at: std::time::Instant,
+/// An object not seen on its way for this long is no longer counted (it was
+/// deleted, or waits for nothing this process will see).
+const CONVERGING_FORGOTTEN_AFTER: Duration = Duration::from_secs(30);
+
+/// The objects on their way, when each was last seen so, and when there were
+/// last more than [`CROWD`] of them.
+#[derive(Default)]
+struct Converging {
+    seen: HashMap<String, std::time::Instant>,
+    crowded_at: Option<std::time::Instant>,
 }
 
 impl StatusWrites {
@@ -78,22 +84,26 @@ impl StatusWrites {
         })
     }
 
-    /// Takes one progress report from the budget; false when it is spent.
-    pub fn take_progress(&self) -> bool {
-        self.take_progress_at(std::time::Instant::now())
+    /// Notes whether the object `key` is on its way to another status;
+    /// returns how long ago more than [`CROWD`] objects were, if ever.
+    pub fn note_converging(&self, key: &str, converging: bool) -> Option<Duration> {
+        self.note_converging_at(key, converging, std::time::Instant::now())
     }
 
-    fn take_progress_at(&self, now: std::time::Instant) -> bool {
-        let mut budget = self.progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let budget = budget.get_or_insert(ProgressBudget { tokens: PROGRESS_BURST, at: now });
-        let earned = now.saturating_duration_since(budget.at).as_secs_f64() * PROGRESS_PER_SECOND;
-        budget.tokens = (budget.tokens + earned).min(PROGRESS_BURST);
-        budget.at = now;
-        let granted = budget.tokens >= 1.0;
-        if granted {
-            budget.tokens -= 1.0;
+    fn note_converging_at(&self, key: &str, converging: bool, now: std::time::Instant) -> Option<Duration> {
+        let mut state = self.converging.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if converging {
+            state.seen.insert(key.to_owned(), now);
+        } else {
+            state.seen.remove(key);
         }
-        granted
+        if state.seen.len() > CROWD {
+            state.seen.retain(|_, seen| now.saturating_duration_since(*seen) < CONVERGING_FORGOTTEN_AFTER);
+        }
+        if state.seen.len() > CROWD {
+            state.crowded_at = Some(now);
+        }
+        state.crowded_at.map(|at| now.saturating_duration_since(at))
     }
 
     /// How long ago the last write was, if there was one.
@@ -185,8 +195,8 @@ impl Context {
 }
 
 #[cfg(test)]
-mod progress_budget_tests {
-    use super::{PROGRESS_BURST, PROGRESS_PER_SECOND, StatusWrites};
+mod status_writes_tests {
+    use super::{CONVERGING_FORGOTTEN_AFTER, CROWD, StatusWrites};
     use std::time::{Duration, Instant};
 
     #[test]
@@ -201,16 +211,26 @@ mod progress_budget_tests {
     }
 
     #[test]
-    fn a_burst_then_the_steady_rate() {
+    fn a_crowd_is_counted_until_its_objects_settle_or_are_forgotten() {
         let writes = StatusWrites::default();
         let start = Instant::now();
-        let burst = (0..100).filter(|_| writes.take_progress_at(start)).count();
-        assert_eq!(burst, PROGRESS_BURST as usize);
-        // Ten seconds later: what was earned meanwhile, never more than a burst.
-        let later = start + Duration::from_secs(10);
-        let earned = (0..100).filter(|_| writes.take_progress_at(later)).count();
-        assert_eq!(earned, (10.0 * PROGRESS_PER_SECOND).min(PROGRESS_BURST) as usize);
-        assert!(!writes.take_progress_at(later), "spent");
+        for i in 0..CROWD {
+            assert_eq!(writes.note_converging_at(&format!("webapp/ns/{i}"), true, start), None, "not a crowd yet");
+        }
+        assert_eq!(writes.note_converging_at("webapp/ns/one-more", true, start), Some(Duration::ZERO));
+        // One settles: back to CROWD; the crowd was a second ago.
+        let later = start + Duration::from_secs(1);
+        assert_eq!(writes.note_converging_at("webapp/ns/0", false, later), Some(Duration::from_secs(1)));
+        // Later, new ones: the old ones are forgotten on the way.
+        let much_later = start + CONVERGING_FORGOTTEN_AFTER + Duration::from_secs(1);
+        for i in 1..CROWD {
+            writes.note_converging_at(&format!("webapp/ns/x{i}"), true, much_later);
+        }
+        assert_eq!(
+            writes.note_converging_at("webapp/ns/x0", true, much_later),
+            Some(much_later - start),
+            "ten new ones: the old ones are forgotten, no crowd"
+        );
     }
 }
 

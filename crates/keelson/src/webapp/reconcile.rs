@@ -171,6 +171,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn no_progress_is_written_while_a_crowd_of_objects_is_on_its_way() {
+        let mut app = sample();
+        app.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60),
+        ));
+        let (api, client) = FakeApi::new(&app);
+        let reconciler = reconciler(client, vec![], vec![]);
+        for i in 0..crate::runtime::context::CROWD {
+            reconciler.ctx.status_writes.note_converging(&format!("webapp/other/{i}"), true);
+        }
+        let action = pipeline::reconcile(Arc::new(app), reconciler).await.expect("reconciles");
+        assert_eq!(api.applies().len(), 2, "the children are applied all the same");
+        assert!(api.status_writes().is_empty(), "the eleventh on its way: no progress report");
+        assert_eq!(action, Action::requeue(pipeline::STATUS_SETTLE), "looked at again when the hold ends");
+    }
+
+    #[tokio::test]
     async fn reconcile_in_steady_state_sends_no_request() {
         let mut app = sample();
         let (deployment, service) = applied(&app);
