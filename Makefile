@@ -40,6 +40,10 @@ bench: ## Benchmark: 1000 WebApps, drift latency, idle writes, memory; writes do
 bench-scale: ## The benchmark at N = 100, 1000, 3000, 10000 (KEELSON_SCALE_N="..." to choose); writes docs/bench-scale.md
 	hack/bench.sh scale
 
+.PHONY: bench-ha
+bench-ha: ## Failover and switchover write downtime over 10 runs each, real PostgreSQL pods; writes docs/bench/ha.md
+	hack/bench.sh ha
+
 .PHONY: bench-quick
 bench-quick: ## The same benchmark at N=100 (under 3 minutes)
 	hack/bench.sh quick

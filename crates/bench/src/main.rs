@@ -347,6 +347,7 @@ async fn main() -> anyhow::Result<()> {
         }
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let drift_from = chrono::Utc::now();
     let mut drift_ms = Vec::new();
     for _ in 0..args.drift_trials {
         let name = format!("app-{:04}", rand::rng().random_range(0..args.n));
@@ -380,6 +381,17 @@ async fn main() -> anyhow::Result<()> {
     eprintln!(
         "[bench] drift: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         drift.p50, drift.p90, drift.p99, drift.max
+    );
+    // Where a revert's time goes, as the API server saw it.
+    let (reactions, revert_writes) = measure::revert_timings(&args.audit_log, &user, drift_from, chrono::Utc::now())?;
+    let (reaction, revert_write) = (Summary::of(&reactions), Summary::of(&revert_writes));
+    eprintln!(
+        "[bench] reverts in the audit log ({}): reaction p50 {:.1} / p99 {:.1} ms, the revert's write p50 {:.1} / p99 {:.1} ms",
+        reactions.len(),
+        reaction.p50,
+        reaction.p99,
+        revert_write.p50,
+        revert_write.p99
     );
 
     // 5. Restart over the converged WebApps: how soon the new process is ready, and what it writes.
@@ -428,6 +440,10 @@ async fn main() -> anyhow::Result<()> {
         "machine": measure::machine(),
         "kubernetes": version,
         "operator_cmd": args.operator_cmd,
+        // The program the command starts (its first word), in MB: its pages are part of the RSS.
+        "operator_binary_mb": args.operator_cmd.split_whitespace().next()
+            .and_then(|program| std::fs::metadata(program).ok())
+            .map(|m| (m.len() as f64 / 1e5).round() / 10.0),
         "webapp": {
             "n": args.n,
             "convergence_s": round(convergence_s),
@@ -440,6 +456,9 @@ async fn main() -> anyhow::Result<()> {
             "convergence_writes_by_kind": convergence_writes,
             "drift_trials": args.drift_trials,
             "drift_ms": {"p50": round(drift.p50), "p90": round(drift.p90), "p99": round(drift.p99), "max": round(drift.max)},
+            "reverts_audited": reactions.len(),
+            "reaction_ms": {"p50": round(reaction.p50), "p99": round(reaction.p99)},
+            "revert_write_ms": {"p50": round(revert_write.p50), "p99": round(revert_write.p99)},
             "idle_seconds": args.idle_seconds,
             "idle_writes": idle_writes,
             "rss_peak_mb": round(rss_peak_mb),

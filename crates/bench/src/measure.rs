@@ -238,10 +238,13 @@ pub fn audited_writes_by_kind(
     from: chrono::DateTime<chrono::Utc>,
     to: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
-    let file = std::fs::File::open(log).with_context(|| format!("cannot open audit log {}", log.display()))?;
     let mut counts = std::collections::BTreeMap::new();
-    for line in std::io::BufReader::new(file).lines() {
-        let Ok(entry) = serde_json::from_str::<Value>(&line?) else { continue };
+    for line in audit_lines(log)? {
+        let line = line?;
+        if !line.contains(user) {
+            continue;
+        }
+        let Ok(entry) = serde_json::from_str::<Value>(&line) else { continue };
         if entry["stage"] != "ResponseComplete" {
             continue;
         }
@@ -263,6 +266,87 @@ pub fn audited_writes_by_kind(
         }
     }
     Ok(counts)
+}
+
+/// The lines of the audit log `log` and of its rotated files beside it
+/// (`audit-<time>.log`, oldest first): a long run fills more than one.
+fn audit_lines(log: &Path) -> anyhow::Result<impl Iterator<Item = std::io::Result<String>>> {
+    let stem = log.file_stem().and_then(|s| s.to_str()).unwrap_or("audit").to_string();
+    let dir = log.parent().unwrap_or(Path::new("."));
+    let mut rotated: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{stem}-")) && n.ends_with(".log"))
+        })
+        .collect();
+    rotated.sort();
+    rotated.push(log.to_path_buf());
+    let mut files = Vec::new();
+    for path in rotated {
+        files.push(std::fs::File::open(&path).with_context(|| format!("cannot open audit log {}", path.display()))?);
+    }
+    Ok(files.into_iter().flat_map(|file| std::io::BufReader::new(file).lines()))
+}
+
+/// What the API server's audit log shows of each drift revert: for every
+/// Deployment patched by someone else and then by `user`, the reaction (from
+/// the outsider's write completing, when its watch event leaves, to `user`'s
+/// write arriving) and `user`'s write itself (arrival to completion), in ms.
+pub fn revert_timings(
+    log: &Path,
+    user: &str,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let time = |entry: &Value, field: &str| {
+        entry[field]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&chrono::Utc))
+    };
+    type Time = chrono::DateTime<chrono::Utc>;
+    // Per Deployment: (received, completed, by the operator?), in the order received.
+    let mut patches: std::collections::BTreeMap<String, Vec<(Time, Time, bool)>> = Default::default();
+    for line in audit_lines(log)? {
+        let line = line?;
+        if !line.contains("\"deployments\"") {
+            continue;
+        }
+        let Ok(entry) = serde_json::from_str::<Value>(&line) else { continue };
+        let object = &entry["objectRef"];
+        if entry["stage"] != "ResponseComplete"
+            || entry["verb"] != "patch"
+            || object["resource"] != "deployments"
+            || !object["subresource"].is_null()
+        {
+            continue;
+        }
+        let (Some(received), Some(completed)) =
+            (time(&entry, "requestReceivedTimestamp"), time(&entry, "stageTimestamp"))
+        else {
+            continue;
+        };
+        if received < from || completed > to {
+            continue;
+        }
+        let who = entry["impersonatedUser"]["username"].as_str().or(entry["user"]["username"].as_str());
+        let name = format!("{}/{}", object["namespace"].as_str().unwrap_or(""), object["name"].as_str().unwrap_or(""));
+        patches.entry(name).or_default().push((received, completed, who == Some(user)));
+    }
+    let ms = |d: chrono::TimeDelta| d.num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0;
+    let (mut reactions, mut writes) = (Vec::new(), Vec::new());
+    for mut list in patches.into_values() {
+        list.sort_by_key(|(received, _, _)| *received);
+        for pair in list.windows(2) {
+            let ((_, outsider_done, false), (received, completed, true)) = (pair[0], pair[1]) else { continue };
+            reactions.push(ms(received - outsider_done));
+            writes.push(ms(completed - received));
+        }
+    }
+    Ok((reactions, writes))
 }
 
 pub fn machine() -> Value {
@@ -318,6 +402,35 @@ mod tests {
         let from = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")?.with_timezone(&chrono::Utc);
         let to = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:01:00Z")?.with_timezone(&chrono::Utc);
         assert_eq!(audited_writes(&log, sa, from, to)?, 2);
+        std::fs::remove_dir_all(dir)?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_revert_is_timed_from_the_outsiders_write_to_ours() -> anyhow::Result<()> {
+        let dir = std::env::temp_dir().join(format!("keelson-revert-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let log = dir.join("audit.log");
+        let sa = "system:serviceaccount:b:keelson";
+        let patch = |user: &str, name: &str, received: &str, done: &str| {
+            json!({"stage": "ResponseComplete", "verb": "patch", "user": {"username": user},
+                   "objectRef": {"resource": "deployments", "namespace": "n", "name": name},
+                   "requestReceivedTimestamp": received, "stageTimestamp": done})
+            .to_string()
+        };
+        let lines = [
+            patch("admin", "a", "2026-01-01T00:00:01.000000Z", "2026-01-01T00:00:01.004000Z"),
+            patch(sa, "a", "2026-01-01T00:00:01.007500Z", "2026-01-01T00:00:01.013500Z"),
+            // Another object's patch in between does not pair with these.
+            patch(sa, "b", "2026-01-01T00:00:01.005000Z", "2026-01-01T00:00:01.006000Z"),
+            // The operator's write first: no outsider before it.
+            patch(sa, "c", "2026-01-01T00:00:02.000000Z", "2026-01-01T00:00:02.001000Z"),
+        ];
+        std::fs::write(&log, lines.join("\n"))?;
+        let from = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")?.with_timezone(&chrono::Utc);
+        let to = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:01:00Z")?.with_timezone(&chrono::Utc);
+        let (reactions, writes) = revert_timings(&log, sa, from, to)?;
+        assert_eq!((reactions, writes), (vec![3.5], vec![6.0]));
         std::fs::remove_dir_all(dir)?;
         Ok(())
     }

@@ -166,6 +166,8 @@ pub fn markdown(results: &Value) -> String {
          | ratio operator / direct | {ratio} | ≤ 1.10 | {v_ratio} |\n\
          | writes per WebApp during convergence (API-server audit log) | {per_app} ({writes}: {by_kind}) | ≤ 3 | {v_writes} |\n\
          | drift revert p50 / p90 / p99 / max ({trials} trials) | {p50} / {p90} / {p99} / {max} ms | p99 ≤ 20 ms | {v_drift} |\n\
+         | revert in the API server's audit log ({reverts} trials): reaction p50 / p99 (outsider's write done → Keelson's arrives) | {re50} / {re99} ms | p50 ≤ 3, p99 ≤ 10 ms | {v_reaction} |\n\
+         | revert in the audit log: Keelson's write itself, p50 / p99 (arrival → done) | {rw50} / {rw99} ms | | |\n\
          | writes during {idle_s} s at rest (API-server audit log) | {idle} | 0 | {v_idle} |\n\
          | operator peak RSS during convergence | {rss_peak} MB | ≤ 25 MB | {v_rss} |\n\
          | operator RSS at rest with {n} WebApps (anonymous + file-backed) | {rss_rest} MB ({rss_anon} + {rss_file}) | | |\n\
@@ -200,33 +202,46 @@ pub fn markdown(results: &Value) -> String {
          - Convergence is bounded by the Deployment and ReplicaSet controllers, the scheduler and\n\
            kwok, which the direct run pays too; the operator adds one reconcile per WebApp (children\n\
            read from its watch caches, Deployment and Service applied in parallel) and its status\n\
-           writes. A WebApp's progress on the way up is written at most every 5 s and not in its\n\
-           first 5 s (`Running` and failures at once): one status write when it is Running within\n\
-           5 s, more when the control plane is slower than that (at N=1000 on 2 cores, most are).\n\
+           writes. A WebApp's progress on the way up is written at most every 5 s, not in its first\n\
+           5 s, and not while more than 10 objects are on their way at once (`Running` and failures\n\
+           at once): a mass creation costs one status write per WebApp.\n\
          - The drift latency floor is two watch deliveries (the operator's and the harness's) plus\n\
            one server-side apply on a 2-core machine shared with the whole control plane; a child\n\
            whose cached copy shows Keelson's last write is written back without reading it first.\n\
          - Memory (issue 15): each controller caches only its own children (the MyDatabase\n\
            controller used to cache every WebApp's Service), initial lists streamed where the API\n\
            server supports it (a restart over 1000 WebApps peaked at 48-50 MB, now 33 MB), jemalloc\n\
-           with two arenas and pages handed back within a second, and an LTO build (binary 25.7 →\n\
-           15.7 MB). A heap profile at N=1000 (heaptrack) peaked at 18.3 MB of heap, most of it the\n\
-           watch caches; file-backed pages of the binary are about 13 MB of the RSS.\n\
-         - Progress statuses share a budget of 2 writes per second (10 at once), so that a mass\n\
-           creation spends the API server on children and final statuses (N=1000: 2.2 → 1.4 status\n\
-           writes per WebApp).\n\
+           with two arenas and pages handed back within a second, and an LTO build optimised for\n\
+           size (binary 25.7 MB → 15.7 MB with LTO → {binary_mb} MB with `opt-level = \"s\"`). A heap\n\
+           profile at N=1000 (heaptrack) peaked at 18.3 MB of heap, most of it the watch caches;\n\
+           the rest of the RSS is the binary's file-backed pages.\n\
+         - Progress statuses: none while more than 10 objects are on their way at once (before: a\n\
+           budget of 2 per second, 3.13 writes per WebApp at N=1000; before that, none: 3.69).\n\
          - Steps so far (issue 15; `make bench-quick`, N=100, unless said): no Event per routine\n\
            child creation (N=1000: 6.26 → 4.2 writes per WebApp with the status hold below; the\n\
            Events were 2180 of 6261 writes), the status hold (2.39 → 1.51 status writes per WebApp\n\
            at N=100, 3.05 → 2.2 at N=1000), no GET before writing back drift. Earlier: children\n\
            read from the owned watches' caches instead of a GET per reconcile, the two children\n\
            applied in parallel, Events published off the reconcile path, concurrency 16 (ratio\n\
-           2.12 → 1.49, drift p50 127 → 14 ms).\n",
+           2.12 → 1.49, drift p50 127 → 14 ms).\n\n\
+         More: [`bench-scale.md`](bench-scale.md) (N = 100 … 10,000, `make bench-scale`) and, on the\n\
+         real node with real PostgreSQL, [`bench/ha.md`](bench/ha.md) (failover and switchover\n\
+         write downtime over 10 runs each, `make bench-ha`).\n",
         cpu = m["cpu"].as_str().unwrap_or("?"),
         cores = m["cores"],
         mem = m["memory_gib"],
         k8s = results["kubernetes"].as_str().unwrap_or("?"),
         cmd = results["operator_cmd"].as_str().unwrap_or("?"),
+        reverts = w["reverts_audited"],
+        re50 = w["reaction_ms"]["p50"],
+        re99 = w["reaction_ms"]["p99"],
+        v_reaction = verdict(
+            w["reaction_ms"]["p50"].as_f64().is_some_and(|p| p <= 3.0)
+                && w["reaction_ms"]["p99"].as_f64().is_some_and(|p| p <= 10.0)
+        ),
+        rw50 = w["revert_write_ms"]["p50"],
+        rw99 = w["revert_write_ms"]["p99"],
+        binary_mb = results["operator_binary_mb"].as_f64().map_or("?".into(), |mb| mb.to_string()),
         n = w["n"],
         conv = w["convergence_s"],
         children = w["children_s"],

@@ -9,6 +9,8 @@
 //!
 //! `cargo test --test high_availability -- --nocapture` prints the write
 //! downtime of each failover (docs/high-availability.md has the figures).
+//! `make bench-ha` runs it with `KEELSON_HA_ROUNDS=10` (deletions and
+//! switchovers each) and `KEELSON_HA_REPORT=docs/bench/ha.md`, the table it writes.
 
 mod common;
 
@@ -26,6 +28,7 @@ use testkit::pods::shell_pod;
 use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl};
 
 const DB: &str = "ha-db";
+/// Pod deletions, at least; `KEELSON_HA_ROUNDS` asks for more, and for as many switchovers.
 const DELETIONS: usize = 3;
 /// The acceptance limit of issue 14 for a failover, a switchover and a rolling
 /// upgrade (the goals, 5 s, are measured and reported, not asserted: a loaded
@@ -50,6 +53,15 @@ enum Disruption {
 }
 
 impl Disruption {
+    fn describe(self) -> &'static str {
+        match self {
+            Disruption::Delete => "failover: primary's pod force-deleted",
+            Disruption::Hang => "failover: primary's postmaster frozen (SIGSTOP)",
+            Disruption::Switchover => "switchover (annotation)",
+            Disruption::Upgrade => "rolling minor upgrade 15.2 → 15.3 (longest pause)",
+        }
+    }
+
     fn limit(self) -> Duration {
         match self {
             Disruption::Hang => HUNG_DOWNTIME_LIMIT,
@@ -166,6 +178,41 @@ async fn current_primary(ns: &TestNamespace) -> anyhow::Result<Option<String>> {
 }
 
 /// All instances ready and every replica streaming from the primary.
+/// How many pod deletions and switchovers `KEELSON_HA_ROUNDS` asks for (1 unless set).
+fn rounds() -> usize {
+    std::env::var("KEELSON_HA_ROUNDS").ok().and_then(|n| n.parse().ok()).unwrap_or(1).max(1)
+}
+
+/// The figures of one run as Markdown: per kind of disruption, p50 and max of
+/// the writes down as the writer saw them and as Keelson measured them.
+fn report_table(ready_in: Duration, report: &[(Disruption, Duration, Option<i64>)]) -> String {
+    let percentiles = |mut values: Vec<u128>| {
+        values.sort();
+        match values.len() {
+            0 => "–".to_string(),
+            n => format!("{} / {}", values[(n - 1) / 2], values[n - 1]),
+        }
+    };
+    let mut out = String::from(
+        "# High availability, measured\n\n\
+         Written by `make bench-ha` (`crates/keelson/tests/high_availability.rs` with \
+         `KEELSON_HA_REPORT`): one MyDatabase of 3 instances on the real node of the local \
+         cluster, a writer pod committing through `-rw` all along (see docs/high-availability.md).\n\n",
+    );
+    out += &format!(
+        "- `kubectl apply` of the MyDatabase → 3 instances Running, streaming: {:.1} s\n\n",
+        ready_in.as_secs_f64()
+    );
+    out += "| disruption | runs | writes down, writer's view: p50 / max (ms) | Keelson's `writesDownMs`: p50 / max |\n|---|---|---|---|\n";
+    for kind in [Disruption::Delete, Disruption::Hang, Disruption::Switchover, Disruption::Upgrade] {
+        let runs: Vec<_> = report.iter().filter(|(d, _, _)| *d == kind).collect();
+        let seen = percentiles(runs.iter().map(|(_, gap, _)| gap.as_millis()).collect());
+        let keelson = percentiles(runs.iter().filter_map(|(_, _, ms)| ms.map(|ms| ms.max(0) as u128)).collect());
+        out += &format!("| {} | {} | {seen} | {keelson} |\n", kind.describe(), runs.len());
+    }
+    out
+}
+
 async fn settled(ns: &TestNamespace) -> anyhow::Result<String> {
     let dbs = ns.api::<MyDatabase>();
     testkit::wait_for(&dbs, DB, "Running 3/3", DEFAULT_TIMEOUT, |db| {
@@ -196,8 +243,11 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": DB},
         "spec": {"replicas": 3, "version": "15.2", "storage": "1Gi"}
     }))?;
+    let created = Instant::now();
     dbs.create(&PostParams::default(), &db).await?;
     let first = settled(&ns).await?;
+    let ready_in = created.elapsed();
+    eprintln!("3 instances Running (streaming, synchronous) {ready_in:?} after the create");
     assert_eq!(sql_in(&ns, &first, "SHOW synchronous_standby_names")?, "ANY 1 (*)", "synchronous by default");
     sql_in(&ns, &first, "CREATE TABLE acked (id int PRIMARY KEY); GRANT ALL ON acked TO app")?;
 
@@ -215,8 +265,10 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             }
         };
         eventually(DEFAULT_TIMEOUT, "the writer to commit", || async { writes_after(0).await >= 20 }).await?;
-        let mut plan = vec![Disruption::Delete; DELETIONS];
-        plan.extend([Disruption::Hang, Disruption::Switchover, Disruption::Upgrade]);
+        let mut plan = vec![Disruption::Delete; DELETIONS.max(rounds())];
+        plan.push(Disruption::Hang);
+        plan.extend(vec![Disruption::Switchover; rounds()]);
+        plan.push(Disruption::Upgrade);
         for disruption in plan {
             let primary = settled(&ns).await?;
             // Writes flow before each disruption: a pause is then this disruption's alone.
@@ -333,7 +385,7 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     // window spans its whole rollout: its longest pause must be no more than a switchover's.
     let acked = acknowledged(&written);
     let mut report = Vec::new();
-    for (disruption, primary, at, resumed, _) in &downs {
+    for (disruption, primary, at, resumed, record) in &downs {
         let window_end = at + resumed.as_millis() + 1000;
         let gap = acked
             .windows(2)
@@ -343,7 +395,7 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             .unwrap_or(u128::MAX);
         let gap = Duration::from_millis(gap as u64);
         eprintln!("{disruption:?} of {primary}: writes down {gap:?}");
-        report.push((*disruption, gap));
+        report.push((*disruption, gap, record.writes_down_ms));
     }
     // Every pause of more than a second, by when it began (for the record and for diagnosis).
     let first = downs.first().map(|(_, _, at, _, _)| *at).unwrap_or_default();
@@ -361,14 +413,19 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         }
     }
     let mut deletions: Vec<Duration> =
-        report.iter().filter(|(d, _)| *d == Disruption::Delete).map(|(_, gap)| *gap).collect();
+        report.iter().filter(|(d, _, _)| *d == Disruption::Delete).map(|(_, gap, _)| *gap).collect();
     deletions.sort();
     eprintln!(
-        "write downtime over {DELETIONS} pod deletions: p50 {:?}, max {:?}",
+        "write downtime over {} pod deletions: p50 {:?}, max {:?}",
+        deletions.len(),
         deletions[deletions.len() / 2],
         deletions[deletions.len() - 1]
     );
-    let over: Vec<_> = report.iter().filter(|(d, gap)| *gap > d.limit()).collect();
+    if let Ok(path) = std::env::var("KEELSON_HA_REPORT") {
+        std::fs::write(&path, report_table(ready_in, &report))?;
+        eprintln!("report: {path}");
+    }
+    let over: Vec<_> = report.iter().filter(|(d, gap, _)| *gap > d.limit()).collect();
     assert!(over.is_empty(), "writes were down longer than allowed: {over:?} (all: {report:?})");
 
     // Nothing acknowledged is lost: every id the writer saw committed is on the primary now.

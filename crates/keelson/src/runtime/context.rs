@@ -33,77 +33,100 @@ pub struct StatusWrites {
     converging: Mutex<Converging>,
 }
 
-/// Our last status write to one object: when, what (a hash: the status
-/// itself would cost a copy per object), and the version it left.
+/// Our last status write to one object: when, and the version it left.
 struct Written {
     at: std::time::Instant,
-    status: u64,
     version: Option<String>,
 }
 
-fn hash(status: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    status.hash(&mut hasher);
-    hasher.finish()
-}
-
 /// Progress reports (a status on its way to another) are news no one waits
-/// for. While more than `CROWD` objects are on their way at once, none is
-/// written: the API server's capacity goes to their children and final
-/// statuses, and a phase would be stale before anyone read it. An object
-/// still on its way a settle time after the crowd thinned is reported then.
+/// for: one is written only after the object has been on its way for a
+/// settle time in this process's eyes, and none while more than `CROWD`
+/// objects are on their way at once (the API server's capacity then goes to
+/// their children and final statuses, and a phase would be stale before anyone
+/// read it); an object still on its way a settle time after the crowd thinned
+/// is reported then.
 pub const CROWD: usize = 10;
 
 /// An object not seen on its way for this long is no longer counted (it was
 /// deleted, or waits for nothing this process will see).
 const CONVERGING_FORGOTTEN_AFTER: Duration = Duration::from_secs(30);
 
-/// The objects on their way, when each was last seen so, and when there were
+/// The objects on their way (first and last seen so), and when there were
 /// last more than [`CROWD`] of them.
 #[derive(Default)]
 struct Converging {
-    seen: HashMap<String, std::time::Instant>,
+    seen: HashMap<String, Sighting>,
     crowded_at: Option<std::time::Instant>,
 }
 
+#[derive(Clone, Copy)]
+struct Sighting {
+    first: std::time::Instant,
+    last: std::time::Instant,
+}
+
+/// What this process knows of one object on its way to another status.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Convergence {
+    /// Since the first reconcile that found it on its way.
+    pub seen_for: Duration,
+    /// Since there were last more than [`CROWD`] objects on their way, if ever.
+    pub since_crowded: Option<Duration>,
+}
+
 impl StatusWrites {
-    pub fn record(&self, key: String, status: &str, version: Option<String>) {
-        let written = Written { at: std::time::Instant::now(), status: hash(status), version };
+    pub fn record(&self, key: String, version: Option<String>) {
+        let written = Written { at: std::time::Instant::now(), version };
         self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, written);
     }
 
-    /// Whether `status` is what we wrote last and the cached object, at
-    /// version `cached`, does not show that write yet: writing it again would
-    /// repeat ourselves (a reconcile right after ours reads the cache before
-    /// our write reached it).
-    pub fn not_yet_seen(&self, key: &str, status: &str, cached: Option<&str>) -> bool {
+    /// Whether the cached object, at version `cached`, does not show our last
+    /// status write yet. Its status is then older than ours: a status computed
+    /// from it would repeat ours, or undo part of it (a condition's time, taken
+    /// anew). The watch event of our write brings a reconcile that sees it.
+    pub fn cache_lags_our_write(&self, key: &str, cached: Option<&str>) -> bool {
         let written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        written.get(key).is_some_and(|w| {
-            w.status == hash(status) && w.version.as_deref().is_some_and(|ours| !version_at_least(cached, ours))
-        })
+        written.get(key).and_then(|w| w.version.as_deref()).is_some_and(|ours| !version_at_least(cached, ours))
     }
 
-    /// Notes whether the object `key` is on its way to another status;
-    /// returns how long ago more than [`CROWD`] objects were, if ever.
-    pub fn note_converging(&self, key: &str, converging: bool) -> Option<Duration> {
+    /// Notes whether the object `key` is on its way to another status, and
+    /// if it is, what this process knows of that.
+    pub fn note_converging(&self, key: &str, converging: bool) -> Option<Convergence> {
         self.note_converging_at(key, converging, std::time::Instant::now())
     }
 
-    fn note_converging_at(&self, key: &str, converging: bool, now: std::time::Instant) -> Option<Duration> {
+    pub(crate) fn note_converging_at(
+        &self,
+        key: &str,
+        converging: bool,
+        now: std::time::Instant,
+    ) -> Option<Convergence> {
         let mut state = self.converging.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if converging {
-            state.seen.insert(key.to_owned(), now);
-        } else {
+        if !converging {
             state.seen.remove(key);
+            return None;
         }
+        let first = match state.seen.get_mut(key) {
+            Some(sighting) => {
+                sighting.last = now;
+                sighting.first
+            }
+            None => {
+                state.seen.insert(key.to_owned(), Sighting { first: now, last: now });
+                now
+            }
+        };
         if state.seen.len() > CROWD {
-            state.seen.retain(|_, seen| now.saturating_duration_since(*seen) < CONVERGING_FORGOTTEN_AFTER);
+            state.seen.retain(|_, s| now.saturating_duration_since(s.last) < CONVERGING_FORGOTTEN_AFTER);
         }
         if state.seen.len() > CROWD {
             state.crowded_at = Some(now);
         }
-        state.crowded_at.map(|at| now.saturating_duration_since(at))
+        Some(Convergence {
+            seen_for: now.saturating_duration_since(first),
+            since_crowded: state.crowded_at.map(|at| now.saturating_duration_since(at)),
+        })
     }
 
     /// How long ago the last write was, if there was one.
@@ -196,38 +219,53 @@ impl Context {
 
 #[cfg(test)]
 mod status_writes_tests {
-    use super::{CONVERGING_FORGOTTEN_AFTER, CROWD, StatusWrites};
+    use super::{CONVERGING_FORGOTTEN_AFTER, CROWD, Convergence, StatusWrites};
     use std::time::{Duration, Instant};
 
     #[test]
-    fn a_status_we_wrote_is_not_written_again_until_the_cache_shows_it() {
+    fn no_status_is_written_while_the_cache_does_not_show_our_last_write() {
         let writes = StatusWrites::default();
         let key = "webapp/ns/app";
-        assert!(!writes.not_yet_seen(key, "Running", Some("5")), "never written");
-        writes.record(key.into(), "Running", Some("10".into()));
-        assert!(writes.not_yet_seen(key, "Running", Some("9")), "the cache lags our write");
-        assert!(!writes.not_yet_seen(key, "Running", Some("10")), "the cache shows it: compare with the cache");
-        assert!(!writes.not_yet_seen(key, "Scaling", Some("9")), "another status is news");
+        assert!(!writes.cache_lags_our_write(key, Some("5")), "never written");
+        writes.record(key.into(), Some("10".into()));
+        assert!(writes.cache_lags_our_write(key, Some("9")), "the cache lags our write");
+        assert!(writes.cache_lags_our_write(key, None), "not cached at all");
+        assert!(!writes.cache_lags_our_write(key, Some("10")), "the cache shows it");
+        assert!(!writes.cache_lags_our_write(key, Some("12")), "and later changes");
+    }
+
+    #[test]
+    fn an_object_on_its_way_is_timed_from_its_first_sighting() {
+        let writes = StatusWrites::default();
+        let start = Instant::now();
+        let seen = |at| writes.note_converging_at("webapp/ns/app", true, at);
+        assert_eq!(seen(start), Some(Convergence { seen_for: Duration::ZERO, since_crowded: None }));
+        let later = start + Duration::from_secs(3);
+        assert_eq!(seen(later).map(|c| c.seen_for), Some(Duration::from_secs(3)));
+        assert_eq!(writes.note_converging_at("webapp/ns/app", false, later), None, "settled");
+        assert_eq!(seen(later).map(|c| c.seen_for), Some(Duration::ZERO), "on its way again: a new clock");
     }
 
     #[test]
     fn a_crowd_is_counted_until_its_objects_settle_or_are_forgotten() {
         let writes = StatusWrites::default();
         let start = Instant::now();
+        let crowd = |key: &str, at| writes.note_converging_at(key, true, at).and_then(|c| c.since_crowded);
         for i in 0..CROWD {
-            assert_eq!(writes.note_converging_at(&format!("webapp/ns/{i}"), true, start), None, "not a crowd yet");
+            assert_eq!(crowd(&format!("webapp/ns/{i}"), start), None, "not a crowd yet");
         }
-        assert_eq!(writes.note_converging_at("webapp/ns/one-more", true, start), Some(Duration::ZERO));
+        assert_eq!(crowd("webapp/ns/one-more", start), Some(Duration::ZERO));
         // One settles: back to CROWD; the crowd was a second ago.
         let later = start + Duration::from_secs(1);
-        assert_eq!(writes.note_converging_at("webapp/ns/0", false, later), Some(Duration::from_secs(1)));
+        writes.note_converging_at("webapp/ns/0", false, later);
+        assert_eq!(crowd("webapp/ns/1", later), Some(Duration::from_secs(1)));
         // Later, new ones: the old ones are forgotten on the way.
-        let much_later = start + CONVERGING_FORGOTTEN_AFTER + Duration::from_secs(1);
+        let much_later = start + CONVERGING_FORGOTTEN_AFTER + Duration::from_secs(2);
         for i in 1..CROWD {
-            writes.note_converging_at(&format!("webapp/ns/x{i}"), true, much_later);
+            crowd(&format!("webapp/ns/x{i}"), much_later);
         }
         assert_eq!(
-            writes.note_converging_at("webapp/ns/x0", true, much_later),
+            crowd("webapp/ns/x0", much_later),
             Some(much_later - start),
             "ten new ones: the old ones are forgotten, no crowd"
         );

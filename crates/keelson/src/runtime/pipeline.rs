@@ -24,7 +24,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::apply::{Applier, Child};
-use super::context::Context;
+use super::context::{Context, Convergence};
 use super::outcome::{Invalid, Outcome};
 use super::status;
 use crate::{Error, Result};
@@ -71,11 +71,11 @@ pub trait Reconciler: Send + Sync + 'static {
     fn current_status(object: &Self::Object) -> Option<&Self::Status>;
 
     /// A status on its way to another (pods coming up): such a status is
-    /// written at most once per [`STATUS_SETTLE`] per object, never in the
-    /// first one after creation, and not at all while more than
-    /// [`CROWD`](super::context::CROWD) objects are on their way, so that a
-    /// quick convergence, or many at once, cost one status write per object,
-    /// not one per step. Default: none is.
+    /// written only once the object has been on its way for [`STATUS_SETTLE`]
+    /// as this process saw it, at most once per [`STATUS_SETTLE`], and not
+    /// while more than [`CROWD`](super::context::CROWD) objects are on their
+    /// way, so that a quick convergence, or many at once, cost one status write
+    /// per object, not one per step. Default: none is.
     fn progressing(_status: &Self::Status) -> bool {
         false
     }
@@ -141,8 +141,8 @@ pub async fn reconcile<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>
     let mut outcome = applier.finish();
     outcome.recheck = R::recheck(&object, &observed);
     let new_status = R::status(&object, &observed, &outcome); // 5. status
-    let since_crowded = ctx.status_writes.note_converging(&status_key::<R>(&object), R::progressing(&new_status));
-    match status_hold::<R>(ctx, &object, &new_status, &outcome, since_crowded) {
+    let convergence = ctx.status_writes.note_converging(&status_key::<R>(&object), R::progressing(&new_status));
+    match status_hold::<R>(ctx, &object, &new_status, &outcome, convergence) {
         // Looked at again when the hold ends, if nothing else comes first.
         Some(wait) => outcome.recheck = Some(outcome.recheck.map_or(wait, |r| r.min(wait))),
         None => write_status::<R>(reconciler.as_ref(), &object, &new_status, &outcome).await?, // 6. write
@@ -155,39 +155,24 @@ pub async fn reconcile<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>
 pub const STATUS_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long to hold `new` back, if it is a progressing status that came too
-/// soon: within [`STATUS_SETTLE`] of the object's creation, of our last write
-/// to it, or of the last time this process had a crowd of objects on their
-/// way (`since_crowded`). News (a failure, an invalid spec, a settled status)
-/// is never held.
+/// soon: within [`STATUS_SETTLE`] of this process first finding the object on
+/// its way, of our last status write to it, or of the last time this process
+/// had a crowd of objects on their way. News (a failure, an invalid spec, a
+/// settled status) is never held.
 fn status_hold<R: Reconciler>(
     ctx: &Context,
     object: &R::Object,
     new: &R::Status,
     outcome: &Outcome,
-    since_crowded: Option<std::time::Duration>,
+    convergence: Option<Convergence>,
 ) -> Option<std::time::Duration> {
-    let current = R::current_status(object);
-    if !R::progressing(new) || current == Some(new) || !outcome.failures.is_empty() || outcome.invalid.is_some() {
+    // Not on its way: news, written at once.
+    let convergence = convergence?;
+    if R::current_status(object) == Some(new) || !outcome.failures.is_empty() || outcome.invalid.is_some() {
         return None;
     }
     let since_write = ctx.status_writes.since(&status_key::<R>(object));
-    let age = || {
-        let created = object.meta().creation_timestamp.as_ref()?;
-        // A creation time ahead of this clock (whole seconds, rounded) counts as just now.
-        let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
-        std::time::Duration::try_from(age.max(k8s_openapi::jiff::SignedDuration::ZERO)).ok()
-    };
-    let own = match (since_write, current) {
-        (Some(elapsed), _) => Some(elapsed),
-        (None, None) => age(),
-        // Written before this process started: only a crowd holds it.
-        (None, Some(_)) => None,
-    };
-    let elapsed = match (own, since_crowded) {
-        (Some(own), Some(crowd)) => own.min(crowd),
-        (Some(elapsed), None) | (None, Some(elapsed)) => elapsed,
-        (None, None) => return None,
-    };
+    let elapsed = [Some(convergence.seen_for), since_write, convergence.since_crowded].into_iter().flatten().min()?;
     STATUS_SETTLE.checked_sub(elapsed).filter(|wait| !wait.is_zero())
 }
 

@@ -130,54 +130,46 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn reconcile_creates_deployment_and_service_and_writes_status_once() {
+    async fn reconcile_creates_deployment_and_service_and_holds_the_progress() {
         let app = sample();
         let (api, client) = FakeApi::new(&app);
         let action = pipeline::reconcile(Arc::new(app), reconciler(client, vec![], vec![])).await;
-        assert_eq!(action.ok(), Some(Action::requeue(RESYNC)));
+        assert_eq!(action.ok(), Some(Action::requeue(pipeline::STATUS_SETTLE)), "looked at again when the hold ends");
         let mut applies = api.applies();
         applies.sort();
         assert_eq!(applies, ["deployments/sandy-app", "services/sandy-app-service"]);
         for apply in api.requests().iter().filter(|r| r.is_apply()) {
             assert!(apply.query.contains("fieldManager=keelson") && apply.query.contains("force=true"), "{apply:?}");
         }
-        let statuses = api.status_writes();
-        assert_eq!(statuses.len(), 1);
-        assert_eq!(statuses[0].body["status"]["phase"], "Scaling");
+        assert!(api.status_writes().is_empty(), "0/3 pods is no news in the first seconds");
     }
 
     #[tokio::test]
-    async fn a_new_webapp_on_its_way_up_gets_one_status_write_not_one_per_step() {
-        let mut app = sample();
-        // Rounded up to the next second, as the API server may show it.
-        let created = k8s_openapi::jiff::Timestamp::now().round(k8s_openapi::jiff::Unit::Second).expect("rounds");
-        app.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created));
+    async fn a_webapp_on_its_way_for_a_while_gets_its_progress_written_once() {
+        let app = sample();
         let (api, client) = FakeApi::new(&app);
-        let action = pipeline::reconcile(Arc::new(app.clone()), reconciler(client, vec![], vec![])).await;
-        assert_eq!(api.applies().len(), 2, "the children are created at once");
-        assert!(api.status_writes().is_empty(), "0/3 pods is no news in the first seconds");
-        let action = action.expect("reconciles");
-        assert!(
-            action != Action::requeue(RESYNC) && action != Action::await_change(),
-            "looked at again soon: {action:?}"
-        );
-        // Past the hold (created long ago), the progress is written.
-        app.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60),
-        ));
-        let (api, client) = FakeApi::new(&app);
-        pipeline::reconcile(Arc::new(app), reconciler(client, vec![], vec![])).await.expect("reconciles");
+        let reconciler = reconciler(client, vec![], vec![]);
+        // First found on its way a settle time ago (its creation time does not count: it may
+        // have waited in the queue, and then converge at once).
+        let long_ago = std::time::Instant::now() - pipeline::STATUS_SETTLE;
+        reconciler.ctx.status_writes.note_converging_at("webapp/default/sandy-app", true, long_ago);
+        pipeline::reconcile(Arc::new(app.clone()), reconciler.clone()).await.expect("reconciles");
+        let statuses = api.status_writes();
+        assert_eq!(statuses.len(), 1);
+        assert_eq!(statuses[0].body["status"]["phase"], "Scaling");
+        // Again at once: held, our last write was just now.
+        pipeline::reconcile(Arc::new(app), reconciler).await.expect("reconciles");
         assert_eq!(api.status_writes().len(), 1);
     }
 
     #[tokio::test]
     async fn no_progress_is_written_while_a_crowd_of_objects_is_on_its_way() {
-        let mut app = sample();
-        app.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60),
-        ));
+        let app = sample();
         let (api, client) = FakeApi::new(&app);
         let reconciler = reconciler(client, vec![], vec![]);
+        // On its way for a while (alone, its progress would be due) among ten others.
+        let long_ago = std::time::Instant::now() - 2 * pipeline::STATUS_SETTLE;
+        reconciler.ctx.status_writes.note_converging_at("webapp/default/sandy-app", true, long_ago);
         for i in 0..crate::runtime::context::CROWD {
             reconciler.ctx.status_writes.note_converging(&format!("webapp/other/{i}"), true);
         }
