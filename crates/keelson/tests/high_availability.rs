@@ -178,6 +178,12 @@ async fn current_primary(ns: &TestNamespace) -> anyhow::Result<Option<String>> {
 }
 
 /// All instances ready and every replica streaming from the primary.
+/// How often the kubelet restarted `pod`'s postgres container.
+fn postgres_restarts(pod: &Pod) -> Option<i32> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    statuses.iter().find(|c| c.name == "postgres").map(|c| c.restart_count)
+}
+
 /// How many pod deletions and switchovers `KEELSON_HA_ROUNDS` asks for (1 unless set).
 fn rounds() -> usize {
     std::env::var("KEELSON_HA_ROUNDS").ok().and_then(|n| n.parse().ok()).unwrap_or(1).max(1)
@@ -274,6 +280,9 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             // Writes flow before each disruption: a pause is then this disruption's alone.
             let flowing = now_ms();
             eventually(DEFAULT_TIMEOUT, "writes to flow", || async { writes_after(flowing).await >= 3 }).await?;
+            // A stepped-down primary restarts PostgreSQL inside its container: a container
+            // restart would add the kubelet's back-off, which grows with each one.
+            let restarts_before = postgres_restarts(&pods.get(&primary).await?);
             let before = now_ms();
             let started = Instant::now();
             let mut frozen = None;
@@ -358,6 +367,10 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
                 .await?;
             }
             settled(&ns).await?;
+            if disruption == Disruption::Switchover {
+                let restarts = postgres_restarts(&pods.get(&primary).await?);
+                assert_eq!(restarts, restarts_before, "{primary}'s postgres container restarted on a switchover");
+            }
             let record = dbs.get(DB).await?.status.and_then(|s| s.last_failover).expect("status.lastFailover");
             eprintln!(
                 "  {} {} → {}: {} (Keelson: writes down {:?} ms)",

@@ -212,10 +212,21 @@ rejoin_marker() { echo "$(dirname "$PGDATA")/keelson-rejoining"; }
 # Set when a replica cannot follow the primary's timeline: the next start rewinds it.
 rewind_flag() { echo "$(dirname "$PGDATA")/keelson-rewind"; }
 
+# Set by `restart_server`: PostgreSQL stopped to come back in another role.
+restart_marker() { echo "$(dirname "$PGDATA")/keelson-restart"; }
+
+# Stops PostgreSQL for `start` to bring it back in its new role within this
+# container. Letting the container exit instead added the kubelet's restart
+# back-off, which doubles with each restart: after five switchovers within ten
+# minutes, a former primary stayed down for minutes before it rejoined.
+restart_server() {
+  touch "$(restart_marker)"
+  "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null || true
+}
+
 # Waits for the role the operator chose for this pod (the instance manager
 # writes it from the pod's label), then sets the data up for it.
-start() {
-  need POD_NAME; need ORDERS_DIR
+prepare_for_role() {
   local role waited=0
   until role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" && [[ "$role" == primary || "$role" == replica ]]; do
     (( waited++ % 50 == 0 )) && log "waiting for the operator to choose this pod's role ($ORDERS_DIR/role)"
@@ -235,16 +246,44 @@ start() {
   fi
   # As the official image does: a volume's group permissions must not stop the server.
   chmod 700 "$PGDATA"
-  follow_orders_loop &
-  watch_credentials &
-  # cluster_name names a replica to its primary (the WAL receiver's
-  # application_name): pg_stat_replication and the instance reports go by pod.
-  exec "$(bin postgres)" -D "$PGDATA" -p "$PGPORT" -c cluster_name="$POD_NAME"
+}
+
+# The pod's entry point: PostgreSQL in the role the operator chose, started
+# again in place when the orders change its role (see `restart_server`); any
+# other exit ends the container, with PostgreSQL's status.
+start() {
+  need POD_NAME; need ORDERS_DIR
+  rm -f "$(restart_marker)"
+  local server="" status stopping="" following=""
+  # The kubelet's SIGTERM goes to this shell (the container's first process): passed on.
+  trap 'stopping=1; [[ -z "$server" ]] || kill -TERM "$server" 2>/dev/null || true' TERM INT
+  while :; do
+    prepare_for_role
+    [[ -z "$stopping" ]] || exit 143
+    # cluster_name names a replica to its primary (the WAL receiver's
+    # application_name): pg_stat_replication and the instance reports go by pod.
+    "$(bin postgres)" -D "$PGDATA" -p "$PGPORT" -c cluster_name="$POD_NAME" &
+    server=$!
+    if [[ -z "$following" ]]; then
+      following=1
+      follow_orders_loop &
+      watch_credentials &
+    fi
+    status=0
+    # A trapped signal interrupts `wait` while the server still runs: wait again.
+    while kill -0 "$server" 2>/dev/null; do
+      if wait "$server"; then status=0; else status=$?; fi
+    done
+    server=""
+    if [[ -n "$stopping" || ! -f "$(restart_marker)" ]]; then exit "$status"; fi
+    rm -f "$(restart_marker)"
+    log "PostgreSQL stopped on the orders (another role, or a rewind): starting it again"
+  done
 }
 
 # The operator's later orders, once PostgreSQL runs: promote a replica chosen
-# as primary; stop a primary that was stepped down (the pod's container
-# restarts and `start` rejoins it as a replica: never two primaries); set the
+# as primary; stop a primary that was stepped down (`start` rejoins it as a
+# replica: never two primaries); set the
 # primary's synchronous standbys. Replicas stream through -rw, which only
 # ever selects the chosen primary: a former primary whose processes outlive
 # its pod (a forced deletion) can never be streamed from again.
@@ -266,7 +305,7 @@ follow_orders() {
     "${sql[@]}" -c 'SELECT pg_promote(true, 30)' -c 'CHECKPOINT' >/dev/null || log "promotion failed"
   elif [[ "$role" == replica && "$in_recovery" == f ]]; then
     log "no longer the primary: stopping; it comes back as a replica"
-    "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null || true
+    restart_server
     return 0
   elif [[ "$streaming" == t && -f "$(rejoin_marker)" ]]; then
     rm -f "$(rejoin_marker)"
@@ -322,8 +361,8 @@ follow_orders_loop() {
         && "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; then
       log "not streaming for $((SECONDS - stalled_since))s while $PRIMARY_HOST answers: stopping to rewind"
       touch "$(rewind_flag)"
-      "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null || true
-      return 0
+      restart_server
+      stalled_since=""
     fi
   done
 }
