@@ -150,8 +150,8 @@ pub async fn reconcile<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>
     outcome.into_action()
 }
 
-/// How long a progressing status waits after the object's creation or our
-/// last status write to it (see [`Reconciler::progressing`]).
+/// How long a progressing status waits (see `status_hold` and
+/// [`Reconciler::progressing`]).
 pub const STATUS_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long to hold `new` back, if it is a progressing status that came too
