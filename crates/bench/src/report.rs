@@ -210,9 +210,10 @@ pub fn markdown(results: &Value) -> String {
          - Status: a WebApp's progress is written only after it has been on its way for 5 s as the\n\
            operator saw it (not since its creation: a WebApp that waited in the queue and then\n\
            converged at once wrote `Scaling` and `Running` 0.1 s apart), at most every 5 s, and not\n\
-           while more than 10 objects are on their way at once; and no status is written while\n\
-           the cache does not show the operator's last write (a second `Running` with a new\n\
-           condition time): a mass creation costs one status write per WebApp.\n\
+           while more than 10 objects are on their way at once: a mass creation costs about one\n\
+           status write per WebApp. (The runs of 2026-12-03 also wrote no status while the cache\n\
+           lagged the operator's last write, which saved 12 writes at N=1000; that rule was\n\
+           withdrawn: it lost the end of a failover record once.)\n\
          - The drift latency floor is two watch deliveries (the operator's and the harness's) plus\n\
            one server-side apply on a 2-core machine shared with the whole control plane; a child\n\
            whose cached copy shows Keelson's last write is written back without reading it first.\n\

@@ -33,10 +33,19 @@ pub struct StatusWrites {
     converging: Mutex<Converging>,
 }
 
-/// Our last status write to one object: when, and the version it left.
+/// Our last status write to one object: when, what (a hash: the status
+/// itself would cost a copy per object), and the version it left.
 struct Written {
     at: std::time::Instant,
+    status: u64,
     version: Option<String>,
+}
+
+fn hash(status: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    status.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Progress reports (a status on its way to another) are news no one waits
@@ -76,18 +85,21 @@ pub struct Convergence {
 }
 
 impl StatusWrites {
-    pub fn record(&self, key: String, version: Option<String>) {
-        let written = Written { at: std::time::Instant::now(), version };
+    pub fn record(&self, key: String, status: &str, version: Option<String>) {
+        let written = Written { at: std::time::Instant::now(), status: hash(status), version };
         self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, written);
     }
 
-    /// Whether the cached object, at version `cached`, does not show our last
-    /// status write yet. Its status is then older than ours: a status computed
-    /// from it would repeat ours, or undo part of it (a condition's time, taken
-    /// anew). The watch event of our write brings a reconcile that sees it.
-    pub fn cache_lags_our_write(&self, key: &str, cached: Option<&str>) -> bool {
+    /// Whether `status` is what we wrote last and the cached object, at
+    /// version `cached`, does not show that write yet: writing it again would
+    /// repeat ourselves. A different status is written even then: it may carry
+    /// what was seen only once (a failover's end), which a later reconcile
+    /// cannot see again.
+    pub fn not_yet_seen(&self, key: &str, status: &str, cached: Option<&str>) -> bool {
         let written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        written.get(key).and_then(|w| w.version.as_deref()).is_some_and(|ours| !version_at_least(cached, ours))
+        written.get(key).is_some_and(|w| {
+            w.status == hash(status) && w.version.as_deref().is_some_and(|ours| !version_at_least(cached, ours))
+        })
     }
 
     /// Notes whether the object `key` is on its way to another status, and
@@ -223,15 +235,14 @@ mod status_writes_tests {
     use std::time::{Duration, Instant};
 
     #[test]
-    fn no_status_is_written_while_the_cache_does_not_show_our_last_write() {
+    fn a_status_we_wrote_is_not_written_again_until_the_cache_shows_it() {
         let writes = StatusWrites::default();
         let key = "webapp/ns/app";
-        assert!(!writes.cache_lags_our_write(key, Some("5")), "never written");
-        writes.record(key.into(), Some("10".into()));
-        assert!(writes.cache_lags_our_write(key, Some("9")), "the cache lags our write");
-        assert!(writes.cache_lags_our_write(key, None), "not cached at all");
-        assert!(!writes.cache_lags_our_write(key, Some("10")), "the cache shows it");
-        assert!(!writes.cache_lags_our_write(key, Some("12")), "and later changes");
+        assert!(!writes.not_yet_seen(key, "Running", Some("5")), "never written");
+        writes.record(key.into(), "Running", Some("10".into()));
+        assert!(writes.not_yet_seen(key, "Running", Some("9")), "the cache lags our write");
+        assert!(!writes.not_yet_seen(key, "Running", Some("10")), "the cache shows it: compare with the cache");
+        assert!(!writes.not_yet_seen(key, "Scaling", Some("9")), "another status is news");
     }
 
     #[test]

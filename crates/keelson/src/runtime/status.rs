@@ -27,8 +27,8 @@ pub fn key<K: Resource>(controller: &str, object: &K) -> String {
 
 /// Writes `new` when it differs from `current`; true when it wrote. A write
 /// changes the object, which triggers another reconcile, so an unchanged
-/// status must never be written (that would loop); nor any while the cached
-/// object does not show our last write yet (its reconcile comes with it).
+/// status must never be written (that would loop), nor one we wrote that
+/// the cached object does not show yet.
 pub async fn write_if_changed<K, S>(
     ctx: &Context,
     controller: &'static str,
@@ -45,7 +45,8 @@ where
     }
     let namespace = object.namespace().unwrap_or_default();
     let key = key(controller, object);
-    if ctx.status_writes.cache_lags_our_write(&key, object.resource_version().as_deref()) {
+    let status = serde_json::to_string(new).map_err(|source| Error::Serialize { what: "status", source })?;
+    if ctx.status_writes.not_yet_seen(&key, &status, object.resource_version().as_deref()) {
         return Ok(false);
     }
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -58,10 +59,7 @@ where
     ctx.metrics.status_writes.get_or_create(&ControllerLabels { controller }).inc();
     let written =
         result.map_err(Error::kube(format!("write status of {} {namespace}/{}", K::kind(&()), object.name_any())))?;
-    if tracing::enabled!(tracing::Level::DEBUG) {
-        let status = serde_json::to_string(new).unwrap_or_default();
-        tracing::debug!(namespace, name = %object.name_any(), %status, "status written");
-    }
-    ctx.status_writes.record(key, written.resource_version());
+    tracing::debug!(namespace, name = %object.name_any(), %status, "status written");
+    ctx.status_writes.record(key, &status, written.resource_version());
     Ok(true)
 }
