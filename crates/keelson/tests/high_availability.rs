@@ -371,7 +371,14 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
                 let restarts = postgres_restarts(&pods.get(&primary).await?);
                 assert_eq!(restarts, restarts_before, "{primary}'s postgres container restarted on a switchover");
             }
-            let record = dbs.get(DB).await?.status.and_then(|s| s.last_failover).expect("status.lastFailover");
+            // Keelson completes the record once it saw the new primary serve, which may come after
+            // the database settled (a former primary now rejoins within seconds, in its container).
+            let complete = testkit::wait_for(&dbs, DB, "this move's record to be complete", DEFAULT_TIMEOUT, |db| {
+                let record = db.status.as_ref().and_then(|s| s.last_failover.as_ref());
+                record.is_some_and(|r| r.from == primary && r.serving_at.is_some())
+            })
+            .await?;
+            let record = complete.status.and_then(|s| s.last_failover).expect("status.lastFailover");
             eprintln!(
                 "  {} {} → {}: {} (Keelson: writes down {:?} ms)",
                 record.kind, record.from, record.to, record.reason, record.writes_down_ms
