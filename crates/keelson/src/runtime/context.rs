@@ -67,6 +67,9 @@ const CONVERGING_FORGOTTEN_AFTER: Duration = Duration::from_secs(30);
 struct Converging {
     seen: HashMap<String, Sighting>,
     crowded_at: Option<std::time::Instant>,
+    /// When `seen` was last rid of forgotten objects: once a second at most,
+    /// not on every reconcile of a crowd.
+    pruned_at: Option<std::time::Instant>,
 }
 
 #[derive(Clone, Copy)]
@@ -129,8 +132,10 @@ impl StatusWrites {
                 now
             }
         };
-        if state.seen.len() > CROWD {
+        let prune_due = state.pruned_at.is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_secs(1));
+        if state.seen.len() > CROWD && prune_due {
             state.seen.retain(|_, s| now.saturating_duration_since(s.last) < CONVERGING_FORGOTTEN_AFTER);
+            state.pruned_at = Some(now);
         }
         if state.seen.len() > CROWD {
             state.crowded_at = Some(now);

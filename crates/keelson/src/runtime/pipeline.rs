@@ -141,8 +141,9 @@ pub async fn reconcile<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>
     let mut outcome = applier.finish();
     outcome.recheck = R::recheck(&object, &observed);
     let new_status = R::status(&object, &observed, &outcome); // 5. status
-    let convergence = ctx.status_writes.note_converging(&status_key::<R>(&object), R::progressing(&new_status));
-    match status_hold::<R>(ctx, &object, &new_status, &outcome, convergence) {
+    let key = status_key::<R>(&object);
+    let convergence = ctx.status_writes.note_converging(&key, R::progressing(&new_status));
+    match status_hold::<R>(ctx, &key, &object, &new_status, &outcome, convergence) {
         // Looked at again when the hold ends, if nothing else comes first.
         Some(wait) => outcome.recheck = Some(outcome.recheck.map_or(wait, |r| r.min(wait))),
         None => write_status::<R>(reconciler.as_ref(), &object, &new_status, &outcome).await?, // 6. write
@@ -161,6 +162,7 @@ pub const STATUS_SETTLE: std::time::Duration = std::time::Duration::from_secs(5)
 /// settled status) is never held.
 fn status_hold<R: Reconciler>(
     ctx: &Context,
+    key: &str,
     object: &R::Object,
     new: &R::Status,
     outcome: &Outcome,
@@ -171,7 +173,7 @@ fn status_hold<R: Reconciler>(
     if R::current_status(object) == Some(new) || !outcome.failures.is_empty() || outcome.invalid.is_some() {
         return None;
     }
-    let since_write = ctx.status_writes.since(&status_key::<R>(object));
+    let since_write = ctx.status_writes.since(key);
     let elapsed = [Some(convergence.seen_for), since_write, convergence.since_crowded].into_iter().flatten().min()?;
     STATUS_SETTLE.checked_sub(elapsed).filter(|wait| !wait.is_zero())
 }
