@@ -42,6 +42,11 @@ export KEELSON_CLUSTER_PROFILE=kwok
 export KEELSON_NODE_PORT_RANGE=20000-32767
 # The API server audits writes only here: auditing reads would slow what is measured.
 export KEELSON_AUDIT_READS=0
+if [[ "$mode" == scale ]]; then
+  # A fake node holds 1500 pods: enough nodes for the largest N, and a spare.
+  largest=$(tr ' ' '\n' <<<"${KEELSON_SCALE_N:-100 1000 3000 10000}" | sort -n | tail -1)
+  export KEELSON_CLUSTER_NODES="${KEELSON_CLUSTER_NODES:-$(( largest / 1500 + 2 ))}"
+fi
 
 cargo build --release --quiet -p keelson -p bench
 hack/cluster.sh down >/dev/null 2>&1 || true

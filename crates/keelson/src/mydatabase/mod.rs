@@ -36,9 +36,10 @@ use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::MyDatabase;
+use crate::runtime::cache::{self, Packed};
 use crate::runtime::controller::{ControllerDef, RunParams, drive, stopped};
 use crate::runtime::permissions::Permission;
-use crate::runtime::{cache, meta, scoped_api};
+use crate::runtime::{meta, scoped_api};
 
 /// The MyDatabase controller, for the operator's table.
 pub const CONTROLLER: ControllerDef =
@@ -109,28 +110,39 @@ pub async fn run(params: RunParams) {
     let (databases, database_events) =
         cache::watch(scoped_api::<MyDatabase>(client, namespace), "", watch("MyDatabase"));
     let (statefulsets, statefulset_events) =
-        cache::watch(scoped_api::<StatefulSet>(client, namespace), &managed, watch("StatefulSet"));
-    let (services, service_events) = cache::watch(scoped_api::<Service>(client, namespace), &managed, watch("Service"));
-    let (secrets, secret_events) = cache::watch(scoped_api::<Secret>(client, namespace), &managed, watch("Secret"));
+        cache::watch(scoped_api::<Packed<StatefulSet>>(client, namespace), &managed, watch("StatefulSet"));
+    let (services, service_events) =
+        cache::watch(scoped_api::<Packed<Service>>(client, namespace), &managed, watch("Service"));
+    let (secrets, secret_events) =
+        cache::watch(scoped_api::<Packed<Secret>>(client, namespace), &managed, watch("Secret"));
     let (config_maps, config_map_events) =
-        cache::watch(scoped_api::<ConfigMap>(client, namespace), &managed, watch("ConfigMap"));
+        cache::watch(scoped_api::<Packed<ConfigMap>>(client, namespace), &managed, watch("ConfigMap"));
     let (cron_jobs, cron_job_events) =
-        cache::watch(scoped_api::<CronJob>(client, namespace), &managed, watch("CronJob"));
-    let (disruption_budgets, disruption_budget_events) =
-        cache::watch(scoped_api::<PodDisruptionBudget>(client, namespace), &managed, watch("PodDisruptionBudget"));
+        cache::watch(scoped_api::<Packed<CronJob>>(client, namespace), &managed, watch("CronJob"));
+    let (disruption_budgets, disruption_budget_events) = cache::watch(
+        scoped_api::<Packed<PodDisruptionBudget>>(client, namespace),
+        &managed,
+        watch("PodDisruptionBudget"),
+    );
     // Backup Jobs, database pods, volumes and the credentials belong to the
     // CronJob, the StatefulSet or no one: mapped to their MyDatabase by label.
     let (jobs, job_events) =
-        cache::watch(scoped_api::<Job>(client, namespace), &of_components("backup,restore"), watch("Job"));
-    let (pods, pod_events) =
-        cache::watch(scoped_api::<Pod>(client, namespace), &of_components("database,backup,restore"), watch("Pod"));
-    let (claims, claim_events) =
-        cache::watch(scoped_api::<PersistentVolumeClaim>(client, namespace), &managed, watch("PersistentVolumeClaim"));
+        cache::watch(scoped_api::<Packed<Job>>(client, namespace), &of_components("backup,restore"), watch("Job"));
+    let (pods, pod_events) = cache::watch(
+        scoped_api::<Packed<Pod>>(client, namespace),
+        &of_components("database,backup,restore"),
+        watch("Pod"),
+    );
+    let (claims, claim_events) = cache::watch(
+        scoped_api::<Packed<PersistentVolumeClaim>>(client, namespace),
+        &managed,
+        watch("PersistentVolumeClaim"),
+    );
     let (service_accounts, service_account_events) =
-        cache::watch(scoped_api::<ServiceAccount>(client, namespace), &managed, watch("ServiceAccount"));
-    let (roles, role_events) = cache::watch(scoped_api::<Role>(client, namespace), &managed, watch("Role"));
+        cache::watch(scoped_api::<Packed<ServiceAccount>>(client, namespace), &managed, watch("ServiceAccount"));
+    let (roles, role_events) = cache::watch(scoped_api::<Packed<Role>>(client, namespace), &managed, watch("Role"));
     let (role_bindings, role_binding_events) =
-        cache::watch(scoped_api::<RoleBinding>(client, namespace), &managed, watch("RoleBinding"));
+        cache::watch(scoped_api::<Packed<RoleBinding>>(client, namespace), &managed, watch("RoleBinding"));
     let controller = Controller::for_stream(database_events, databases)
         .owns_stream(statefulset_events)
         .owns_stream(service_events)

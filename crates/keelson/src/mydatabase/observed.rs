@@ -14,23 +14,23 @@ use kube::{Client, ResourceExt};
 
 use super::names;
 use crate::api::MyDatabase;
-use crate::runtime::cache;
+use crate::runtime::cache::{self, Packed};
 use crate::{Error, Result};
 
 /// The caches of everything a MyDatabase owns or watches, filled by its watches.
 pub struct Caches {
-    pub statefulsets: Store<StatefulSet>,
-    pub services: Store<Service>,
-    pub secrets: Store<Secret>,
-    pub config_maps: Store<ConfigMap>,
-    pub cron_jobs: Store<CronJob>,
-    pub disruption_budgets: Store<PodDisruptionBudget>,
-    pub jobs: Store<Job>,
-    pub claims: Store<PersistentVolumeClaim>,
-    pub pods: Store<Pod>,
-    pub service_accounts: Store<ServiceAccount>,
-    pub roles: Store<Role>,
-    pub role_bindings: Store<RoleBinding>,
+    pub statefulsets: Store<Packed<StatefulSet>>,
+    pub services: Store<Packed<Service>>,
+    pub secrets: Store<Packed<Secret>>,
+    pub config_maps: Store<Packed<ConfigMap>>,
+    pub cron_jobs: Store<Packed<CronJob>>,
+    pub disruption_budgets: Store<Packed<PodDisruptionBudget>>,
+    pub jobs: Store<Packed<Job>>,
+    pub claims: Store<Packed<PersistentVolumeClaim>>,
+    pub pods: Store<Packed<Pod>>,
+    pub service_accounts: Store<Packed<ServiceAccount>>,
+    pub roles: Store<Packed<Role>>,
+    pub role_bindings: Store<Packed<RoleBinding>>,
 }
 
 /// What the cluster holds for one MyDatabase; apply updates it with what it wrote.

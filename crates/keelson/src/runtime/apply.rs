@@ -20,6 +20,7 @@ use super::context::{Context, FIELD_MANAGER};
 use super::drift::{ChildChange, FieldDrift, classify, stamp_desired_hash};
 use super::metrics::ChildWriteLabels;
 use super::outcome::{ChildFailure, Invalid, Outcome};
+use super::packed::{LabelsRead, Packed};
 use super::{cache, report};
 use crate::{Error, Result};
 
@@ -109,7 +110,7 @@ impl<'a> Applier<'a> {
 
     /// Brings `desired` about; returns the child as the API server has it,
     /// or None when it was refused (recorded).
-    pub async fn apply<K: Child>(&self, cache: &Store<K>, desired: K) -> Option<K> {
+    pub async fn apply<K: Child + LabelsRead>(&self, cache: &Store<Packed<K>>, desired: K) -> Option<K> {
         match self.attempt(cache, desired).await {
             Ok(applied) => Some(applied),
             Err(failure) => {
@@ -121,7 +122,11 @@ impl<'a> Applier<'a> {
 
     /// Like [`Applier::apply`], but a refusal is handed back, not recorded:
     /// for a caller that has a fallback (e.g. a namespace being deleted).
-    pub async fn attempt<K: Child>(&self, cache: &Store<K>, desired: K) -> Result<K, ChildFailure> {
+    pub async fn attempt<K: Child + LabelsRead>(
+        &self,
+        cache: &Store<Packed<K>>,
+        desired: K,
+    ) -> Result<K, ChildFailure> {
         let name = desired.name_any();
         match self.apply_if_changed(cache, desired).await {
             Ok((applied, change)) => {
@@ -134,7 +139,12 @@ impl<'a> Applier<'a> {
     }
 
     /// Applies an optional child, or removes it when the spec no longer asks for it.
-    pub async fn apply_optional<K: Child>(&self, cache: &Store<K>, name: &str, desired: Option<K>) -> Option<K> {
+    pub async fn apply_optional<K: Child + LabelsRead>(
+        &self,
+        cache: &Store<Packed<K>>,
+        name: &str,
+        desired: Option<K>,
+    ) -> Option<K> {
         match desired {
             Some(desired) => self.apply(cache, desired).await,
             None => {
@@ -200,7 +210,11 @@ impl<'a> Applier<'a> {
     /// once. Any other cached copy is trusted only to say "nothing to do";
     /// a difference is confirmed with the API server first (it may be our own
     /// write the cache has not shown yet, or a child this process never wrote).
-    async fn apply_if_changed<K: Child>(&self, cache: &Store<K>, mut desired: K) -> Result<(K, ChildChange)> {
+    async fn apply_if_changed<K: Child + LabelsRead>(
+        &self,
+        cache: &Store<Packed<K>>,
+        mut desired: K,
+    ) -> Result<(K, ChildChange)> {
         let kind = K::kind(&());
         let name = desired.name_any();
         let key = format!("{kind}/{}/{name}", self.namespace);

@@ -8,12 +8,14 @@ use kube::runtime::utils::ResetTimerBackoff;
 use kube::runtime::watcher::ExponentialBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::health::WatchHealth;
 use super::meta;
+pub use super::packed::{LabelsRead, Packed};
 
 /// How one watch runs: where it reports its health, and whether its initial
 /// list comes as a stream of events (see [`streaming_lists_supported`]).
@@ -22,10 +24,10 @@ pub struct Watching {
     pub streaming_lists: bool,
 }
 
-/// A watch of `api` filtered by `labels`, cached; managedFields are dropped to
-/// save memory. It retries with backoff for ever and reports its failures to
-/// its health. Returns the cache and the stream of touched objects, which
-/// never carries an error.
+/// A watch of `api` filtered by `labels`, cached without managedFields. It
+/// retries with backoff for ever and reports its failures to its health.
+/// Returns the cache and the stream of touched objects, which never carries
+/// an error. Children are watched as [`Packed`] objects, to keep the caches small.
 pub fn watch<K>(
     api: Api<K>,
     labels: &str,
@@ -98,26 +100,35 @@ where
 }
 
 /// The cached `namespace/name`, if any.
-pub fn get<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<K>
+pub fn get<K>(store: &Store<Packed<K>>, namespace: &str, name: &str) -> Option<K>
 where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+    K: Resource<DynamicType = ()> + LabelsRead + Serialize + DeserializeOwned + 'static,
 {
-    store.get(&ObjectRef::new(name).within(namespace)).map(|object| K::clone(&object))
+    store.get(&ObjectRef::new(name).within(namespace)).and_then(|packed| unpack(&packed))
 }
 
 /// Cached objects in `namespace` carrying every label of `labels`, by name.
-pub fn list<K>(store: &Store<K>, namespace: &str, labels: &BTreeMap<String, String>) -> Vec<K>
+pub fn list<K>(store: &Store<Packed<K>>, namespace: &str, labels: &BTreeMap<String, String>) -> Vec<K>
 where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+    K: Resource<DynamicType = ()> + LabelsRead + Serialize + DeserializeOwned + 'static,
 {
-    let mut found: Vec<K> = store
-        .state()
-        .into_iter()
-        .filter(|o| o.namespace().as_deref() == Some(namespace) && meta::matches(o.labels(), labels))
-        .map(|o| K::clone(&o))
-        .collect();
-    found.sort_by_key(|o| o.name_any());
-    found
+    let mut packed = store.state();
+    packed.retain(|o| o.namespace().as_deref() == Some(namespace) && meta::matches(o.labels(), labels));
+    packed.sort_by_key(|o| o.name_any());
+    packed.iter().filter_map(|o| unpack(o)).collect()
+}
+
+/// A cached object whole again. It was packed from what the API server sent,
+/// so this cannot fail short of a bug; if it does, the object counts as not
+/// cached (the applier then asks the API server) and the error is logged.
+fn unpack<K>(packed: &Packed<K>) -> Option<K>
+where
+    K: Resource<DynamicType = ()> + LabelsRead + Serialize + DeserializeOwned,
+{
+    packed
+        .unpack()
+        .inspect_err(|error| tracing::error!(object = ?packed, %error, "a cached object does not decode"))
+        .ok()
 }
 
 /// Until `store` has its first full list (at once afterwards): a reconcile

@@ -41,10 +41,29 @@ struct Written {
     version: Option<String>,
 }
 
+/// A status's hash without its conditions' transition times. A reconcile that
+/// reads a cached object not yet showing our last write builds its conditions
+/// anew, stamped with a later time: that is not news.
 fn hash(status: &str) -> u64 {
     use std::hash::{Hash, Hasher};
+    fn drop_transition_times(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                map.remove("lastTransitionTime");
+                map.values_mut().for_each(drop_transition_times);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(drop_transition_times),
+            _ => {}
+        }
+    }
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    status.hash(&mut hasher);
+    match serde_json::from_str::<serde_json::Value>(status) {
+        Ok(mut value) => {
+            drop_transition_times(&mut value);
+            value.to_string().hash(&mut hasher);
+        }
+        Err(_) => status.hash(&mut hasher),
+    }
     hasher.finish()
 }
 
@@ -93,11 +112,11 @@ impl StatusWrites {
         self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, written);
     }
 
-    /// Whether `status` is what we wrote last and the cached object, at
-    /// version `cached`, does not show that write yet: writing it again would
-    /// repeat ourselves. A different status is written even then: it may carry
-    /// what was seen only once (a failover's end), which a later reconcile
-    /// cannot see again.
+    /// Whether `status` is what we wrote last (but for conditions' transition
+    /// times) and the cached object, at version `cached`, does not show that
+    /// write yet: writing it again would repeat ourselves. A different status
+    /// is written even then: it may carry what was seen only once (a
+    /// failover's end), which a later reconcile cannot see again.
     pub fn not_yet_seen(&self, key: &str, status: &str, cached: Option<&str>) -> bool {
         let written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         written.get(key).is_some_and(|w| {
@@ -248,6 +267,22 @@ mod status_writes_tests {
         assert!(writes.not_yet_seen(key, "Running", Some("9")), "the cache lags our write");
         assert!(!writes.not_yet_seen(key, "Running", Some("10")), "the cache shows it: compare with the cache");
         assert!(!writes.not_yet_seen(key, "Scaling", Some("9")), "another status is news");
+    }
+
+    #[test]
+    fn conditions_built_anew_from_a_lagging_cache_are_not_news() {
+        let writes = StatusWrites::default();
+        let key = "webapp/ns/app";
+        let status = |phase: &str, at: &str| {
+            serde_json::json!({"phase": phase, "conditions": [{"type": "Available", "lastTransitionTime": at}]})
+                .to_string()
+        };
+        writes.record(key.into(), &status("Running", "2026-12-03T21:00:00Z"), Some("10".into()));
+        assert!(writes.not_yet_seen(key, &status("Running", "2026-12-03T21:00:01Z"), Some("9")), "only a later time");
+        assert!(!writes.not_yet_seen(key, &status("Scaling", "2026-12-03T21:00:01Z"), Some("9")), "a new phase");
+        let failover = |serving_at: &str| serde_json::json!({"lastFailover": {"servingAt": serving_at}}).to_string();
+        writes.record(key.into(), &failover("2026-12-03T21:00:00Z"), Some("11".into()));
+        assert!(!writes.not_yet_seen(key, &failover("2026-12-03T21:00:05Z"), Some("10")), "other times are news");
     }
 
     #[test]

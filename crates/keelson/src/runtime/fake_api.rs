@@ -11,6 +11,8 @@ use kube::Client;
 use kube::client::Body;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
+
+use super::packed::Packed;
 use serde_json::{Value, json};
 
 /// One request the pipeline sent.
@@ -178,14 +180,19 @@ fn default_answer(state: &State, request: &Recorded) -> (u16, Value) {
 }
 
 /// A synced cache holding `objects`, as the watches would fill it.
-pub fn cache<K>(objects: Vec<K>) -> Store<K>
+pub fn cache<K>(objects: Vec<K>) -> Store<Packed<K>>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    K: kube::Resource<DynamicType = ()>
+        + super::packed::LabelsRead
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + 'static,
 {
-    let (store, mut writer) = reflector::store::<K>();
+    let (store, mut writer) = reflector::store::<Packed<K>>();
     writer.apply_watcher_event(&watcher::Event::Init);
     for object in objects {
-        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+        let packed = Packed::pack(object).expect("a test object packs");
+        writer.apply_watcher_event(&watcher::Event::InitApply(packed));
     }
     writer.apply_watcher_event(&watcher::Event::InitDone);
     store

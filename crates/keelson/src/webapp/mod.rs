@@ -18,9 +18,10 @@ use kube::runtime::Controller;
 use kube::runtime::controller;
 
 use crate::api::WebApp;
+use crate::runtime::cache::{self, Packed};
 use crate::runtime::controller::{ControllerDef, RunParams, drive, stopped};
 use crate::runtime::permissions::Permission;
-use crate::runtime::{cache, meta, scoped_api};
+use crate::runtime::{meta, scoped_api};
 
 /// The WebApp controller, for the operator's table.
 pub const CONTROLLER: ControllerDef =
@@ -49,9 +50,9 @@ pub async fn run(params: RunParams) {
     };
     let (apps, app_events) = cache::watch(scoped_api::<WebApp>(&ctx.client, namespace), "", watch("WebApp"));
     let (deployments, deployment_events) =
-        cache::watch(scoped_api::<Deployment>(&ctx.client, namespace), &managed, watch("Deployment"));
+        cache::watch(scoped_api::<Packed<Deployment>>(&ctx.client, namespace), &managed, watch("Deployment"));
     let (services, service_events) =
-        cache::watch(scoped_api::<Service>(&ctx.client, namespace), &managed, watch("Service"));
+        cache::watch(scoped_api::<Packed<Service>>(&ctx.client, namespace), &managed, watch("Service"));
     let controller = Controller::for_stream(app_events, apps)
         .owns_stream(deployment_events)
         .owns_stream(service_events)

@@ -13,7 +13,8 @@ use kube::{Client, ResourceExt};
 
 use super::{deployment, service};
 use crate::api::WebApp;
-use crate::runtime::{cache, meta};
+use crate::runtime::cache::{self, Packed};
+use crate::runtime::meta;
 use crate::{Error, Result};
 
 /// How long a Deployment may lack available pods before its pods are asked why.
@@ -21,8 +22,8 @@ pub const STUCK_AFTER: Duration = Duration::from_secs(30);
 
 /// The caches of the children, filled by the owned watches.
 pub struct Caches {
-    pub deployments: Store<Deployment>,
-    pub services: Store<Service>,
+    pub deployments: Store<Packed<Deployment>>,
+    pub services: Store<Packed<Service>>,
 }
 
 /// What the cluster holds for one WebApp.
