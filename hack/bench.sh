@@ -62,7 +62,7 @@ scale() {
   rm -rf "$out"
   for n in ${KEELSON_SCALE_N:-100 1000 3000 10000}; do
     echo "[bench-scale] N=$n" >&2
-    if ! target/release/keelson-bench --n "$n" --drift-trials 20 --databases 0 --idle-seconds 10 --out "$out/$n" "$@"; then
+    if ! target/release/keelson-bench --n "$n" --drift-trials 20 --revert-trials 10 --databases 0 --idle-seconds 10 --out "$out/$n" "$@"; then
       stopped="N=$n did not finish (see the output above); the smaller sizes are reported"
       break
     fi
@@ -73,7 +73,7 @@ scale() {
 
 case "$mode" in
   full) target/release/keelson-bench --n 1000 --drift-trials 100 --databases 100 --idle-seconds 60 --write-docs "$@" ;;
-  quick) target/release/keelson-bench --n 100 --drift-trials 20 --databases 20 --idle-seconds 20 "$@" ;;
+  quick) target/release/keelson-bench --n 100 --drift-trials 20 --revert-trials 10 --databases 20 --idle-seconds 20 "$@" ;;
   scale) scale "$@" ;;
   *) echo "usage: $0 full|quick|scale [keelson-bench args]" >&2; exit 2 ;;
 esac

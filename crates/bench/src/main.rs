@@ -4,6 +4,7 @@
 
 mod measure;
 mod report;
+mod revert;
 mod scale;
 
 use std::collections::BTreeMap;
@@ -38,6 +39,9 @@ struct Args {
     /// Drift trials (scale a random owned Deployment to 10).
     #[arg(long, default_value_t = 100)]
     drift_trials: usize,
+    /// Reverts written each way (whole-object apply, one-field merge patch) in the comparison of the two.
+    #[arg(long, default_value_t = 50)]
+    revert_trials: usize,
     /// MyDatabases (replicas 1) created at once.
     #[arg(long, default_value_t = 100)]
     databases: usize,
@@ -75,6 +79,7 @@ const SA: &str = "keelson";
 const APPS_NS: &str = "bench-webapps";
 const DIRECT_NS: &str = "bench-direct";
 const DB_NS: &str = "bench-databases";
+const REVERT_NS: &str = "bench-revert";
 
 fn webapp(i: usize) -> WebApp {
     WebApp::new(
@@ -259,7 +264,7 @@ async fn main() -> anyhow::Result<()> {
         args.n, args.drift_trials, args.databases
     );
     install(&client).await?;
-    for ns in [APPS_NS, DIRECT_NS, DB_NS] {
+    for ns in [APPS_NS, DIRECT_NS, DB_NS, REVERT_NS] {
         delete_namespace(&client, ns).await?;
     }
 
@@ -367,7 +372,7 @@ async fn main() -> anyhow::Result<()> {
                 if std::env::var("KEELSON_BENCH_TRACE").is_ok() {
                     eprintln!("[bench] {name} reverted after {ms:.1} ms");
                 }
-                settle(&deployments, &name).await?;
+                settle(&deployments, APPS_NS, &name).await?;
                 break;
             }
             if Instant::now() > deadline {
@@ -393,6 +398,25 @@ async fn main() -> anyhow::Result<()> {
         revert_write.p50,
         revert_write.p99
     );
+
+    // The cheapest correct write for a revert: the two candidates, side by side.
+    let revert_writes = if args.revert_trials > 0 {
+        ensure_namespace(&client, REVERT_NS).await?;
+        let compared = revert::compare(&client, REVERT_NS, args.revert_trials).await?;
+        eprintln!(
+            "[bench] revert writes compared ({} each): apply p50 {:.1} / p99 {:.1} ms, merge patch p50 {:.1} / p99 {:.1} ms; managers after a merge patch: {:?}",
+            compared.trials_each,
+            compared.apply_ms.p50,
+            compared.apply_ms.p99,
+            compared.merge_patch_ms.p50,
+            compared.merge_patch_ms.p99,
+            compared.managers_after_merge_patch
+        );
+        let _ = Api::<Namespace>::all(client.clone()).delete(REVERT_NS, &DeleteParams::background()).await;
+        Some(compared.to_json())
+    } else {
+        None
+    };
 
     // 5. Restart over the converged WebApps: how soon the new process is ready, and what it writes.
     let (sampler, restart) = {
@@ -459,6 +483,7 @@ async fn main() -> anyhow::Result<()> {
             "reverts_audited": reactions.len(),
             "reaction_ms": {"p50": round(reaction.p50), "p99": round(reaction.p99)},
             "revert_write_ms": {"p50": round(revert_write.p50), "p99": round(revert_write.p99)},
+            "revert_writes_compared": revert_writes,
             "idle_seconds": args.idle_seconds,
             "idle_writes": idle_writes,
             "rss_peak_mb": round(rss_peak_mb),
@@ -488,12 +513,12 @@ async fn main() -> anyhow::Result<()> {
 
 /// Waits until a Deployment has scaled back down, so the next drift trial
 /// measures the operator rather than the previous trial's pod churn.
-async fn settle(deployments: &Api<Deployment>, name: &str) -> anyhow::Result<()> {
+async fn settle(deployments: &Api<Deployment>, namespace: &str, name: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let d = deployments.get(name).await?;
         let status = d.status.clone().unwrap_or_default();
-        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(deployments.clone().into_client(), APPS_NS);
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(deployments.clone().into_client(), namespace);
         let left =
             pods.list_metadata(&kube::api::ListParams::default().labels(&format!("app={name}"))).await?.items.len();
         if status.replicas == Some(1) && deployment_available(&d) && left == 1 {

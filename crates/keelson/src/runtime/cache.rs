@@ -112,6 +112,7 @@ pub fn list<K>(store: &Store<Packed<K>>, namespace: &str, labels: &BTreeMap<Stri
 where
     K: Resource<DynamicType = ()> + LabelsRead + Serialize + DeserializeOwned + 'static,
 {
+    const { assert!(K::LABELS_READ, "a kind listed by label keeps its labels in the cache: see LabelsRead") };
     let mut packed = store.state();
     packed.retain(|o| o.namespace().as_deref() == Some(namespace) && meta::matches(o.labels(), labels));
     packed.sort_by_key(|o| o.name_any());
