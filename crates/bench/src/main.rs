@@ -48,9 +48,10 @@ struct Args {
     /// Seconds of rest in which writes are counted.
     #[arg(long, default_value_t = 60)]
     idle_seconds: u64,
-    /// The operator to measure; {metrics} and {health} become free loopback ports.
+    /// The operator to measure (or BENCH_OPERATOR_CMD); {metrics} and {health} become free loopback ports.
     #[arg(
         long,
+        env = "BENCH_OPERATOR_CMD",
         default_value = "target/release/keelson run --metrics-addr 127.0.0.1:{metrics} --health-addr 127.0.0.1:{health} --log-level warn"
     )]
     operator_cmd: String,
