@@ -44,7 +44,7 @@ struct Written {
 /// A status's hash without its conditions' transition times. A reconcile that
 /// reads a cached object not yet showing our last write builds its conditions
 /// anew, stamped with a later time: that is not news.
-fn hash(status: &str) -> u64 {
+pub fn status_digest(status: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     fn drop_transition_times(value: &mut serde_json::Value) {
         match value {
@@ -107,8 +107,8 @@ pub struct Convergence {
 }
 
 impl StatusWrites {
-    pub fn record(&self, key: String, status: &str, version: Option<String>) {
-        let written = Written { at: std::time::Instant::now(), status: hash(status), version };
+    pub fn record(&self, key: String, status: u64, version: Option<String>) {
+        let written = Written { at: std::time::Instant::now(), status, version };
         self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, written);
     }
 
@@ -117,10 +117,10 @@ impl StatusWrites {
     /// write yet: writing it again would repeat ourselves. A different status
     /// is written even then: it may carry what was seen only once (a
     /// failover's end), which a later reconcile cannot see again.
-    pub fn not_yet_seen(&self, key: &str, status: &str, cached: Option<&str>) -> bool {
+    pub fn not_yet_seen(&self, key: &str, status: u64, cached: Option<&str>) -> bool {
         let written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         written.get(key).is_some_and(|w| {
-            w.status == hash(status) && w.version.as_deref().is_some_and(|ours| !version_at_least(cached, ours))
+            w.status == status && w.version.as_deref().is_some_and(|ours| !version_at_least(cached, ours))
         })
     }
 
@@ -255,18 +255,21 @@ impl Context {
 
 #[cfg(test)]
 mod status_writes_tests {
-    use super::{CONVERGING_FORGOTTEN_AFTER, CROWD, Convergence, StatusWrites};
+    use super::{CONVERGING_FORGOTTEN_AFTER, CROWD, Convergence, StatusWrites, status_digest};
     use std::time::{Duration, Instant};
 
     #[test]
     fn a_status_we_wrote_is_not_written_again_until_the_cache_shows_it() {
         let writes = StatusWrites::default();
         let key = "webapp/ns/app";
-        assert!(!writes.not_yet_seen(key, "Running", Some("5")), "never written");
-        writes.record(key.into(), "Running", Some("10".into()));
-        assert!(writes.not_yet_seen(key, "Running", Some("9")), "the cache lags our write");
-        assert!(!writes.not_yet_seen(key, "Running", Some("10")), "the cache shows it: compare with the cache");
-        assert!(!writes.not_yet_seen(key, "Scaling", Some("9")), "another status is news");
+        assert!(!writes.not_yet_seen(key, status_digest("Running"), Some("5")), "never written");
+        writes.record(key.into(), status_digest("Running"), Some("10".into()));
+        assert!(writes.not_yet_seen(key, status_digest("Running"), Some("9")), "the cache lags our write");
+        assert!(
+            !writes.not_yet_seen(key, status_digest("Running"), Some("10")),
+            "the cache shows it: compare with the cache"
+        );
+        assert!(!writes.not_yet_seen(key, status_digest("Scaling"), Some("9")), "another status is news");
     }
 
     #[test]
@@ -277,12 +280,21 @@ mod status_writes_tests {
             serde_json::json!({"phase": phase, "conditions": [{"type": "Available", "lastTransitionTime": at}]})
                 .to_string()
         };
-        writes.record(key.into(), &status("Running", "2026-12-03T21:00:00Z"), Some("10".into()));
-        assert!(writes.not_yet_seen(key, &status("Running", "2026-12-03T21:00:01Z"), Some("9")), "only a later time");
-        assert!(!writes.not_yet_seen(key, &status("Scaling", "2026-12-03T21:00:01Z"), Some("9")), "a new phase");
+        writes.record(key.into(), status_digest(&status("Running", "2026-12-03T21:00:00Z")), Some("10".into()));
+        assert!(
+            writes.not_yet_seen(key, status_digest(&status("Running", "2026-12-03T21:00:01Z")), Some("9")),
+            "only a later time"
+        );
+        assert!(
+            !writes.not_yet_seen(key, status_digest(&status("Scaling", "2026-12-03T21:00:01Z")), Some("9")),
+            "a new phase"
+        );
         let failover = |serving_at: &str| serde_json::json!({"lastFailover": {"servingAt": serving_at}}).to_string();
-        writes.record(key.into(), &failover("2026-12-03T21:00:00Z"), Some("11".into()));
-        assert!(!writes.not_yet_seen(key, &failover("2026-12-03T21:00:05Z"), Some("10")), "other times are news");
+        writes.record(key.into(), status_digest(&failover("2026-12-03T21:00:00Z")), Some("11".into()));
+        assert!(
+            !writes.not_yet_seen(key, status_digest(&failover("2026-12-03T21:00:05Z")), Some("10")),
+            "other times are news"
+        );
     }
 
     #[test]

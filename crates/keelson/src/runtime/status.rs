@@ -46,7 +46,9 @@ where
     let namespace = object.namespace().unwrap_or_default();
     let key = key(controller, object);
     let status = serde_json::to_string(new).map_err(|source| Error::Serialize { what: "status", source })?;
-    if ctx.status_writes.not_yet_seen(&key, &status, object.resource_version().as_deref()) {
+    // Hashed once: compared before the write, remembered after it.
+    let digest = super::context::status_digest(&status);
+    if ctx.status_writes.not_yet_seen(&key, digest, object.resource_version().as_deref()) {
         return Ok(false);
     }
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -60,6 +62,6 @@ where
     let written =
         result.map_err(Error::kube(format!("write status of {} {namespace}/{}", K::kind(&()), object.name_any())))?;
     tracing::debug!(namespace, name = %object.name_any(), %status, "status written");
-    ctx.status_writes.record(key, &status, written.resource_version());
+    ctx.status_writes.record(key, digest, written.resource_version());
     Ok(true)
 }
