@@ -173,6 +173,33 @@ fn acknowledged(logs: &str) -> Vec<(u64, u128)> {
         .collect()
 }
 
+/// The longest pause between two acknowledgements (ms since the epoch) that ends after `from` and
+/// begins before `until`. The window never reaches into the next disruption: when a replica
+/// rejoins fast, the next one can begin within the margin, and its pause is not this one's.
+fn longest_pause(acked: &[(u64, u128)], from: u128, until: u128, next: Option<u128>) -> Duration {
+    let until = next.map_or(until, |next| until.min(next));
+    let gap = acked
+        .windows(2)
+        .filter(|pair| pair[1].1 > from && pair[0].1 < until)
+        .map(|pair| pair[1].1 - pair[0].1)
+        .max()
+        .unwrap_or(u128::MAX);
+    Duration::from_millis(gap as u64)
+}
+
+#[test]
+fn a_pause_that_begins_after_the_next_disruption_is_not_counted_for_this_one() {
+    // A CI run's figures: a deletion at 9638 ms whose writes resumed 5031 ms later (pause of
+    // 4702 ms from 9786), then a hang at 15481 ms (pause of 13636 ms from 15511).
+    let acked = [(1, 9000), (2, 9786), (3, 14488), (4, 14600), (5, 15511), (6, 29147), (7, 29200)];
+    let deletion = longest_pause(&acked, 9638, 9638 + 5031 + 1000, Some(15481));
+    assert_eq!(deletion, Duration::from_millis(4702));
+    let hang = longest_pause(&acked, 15481, 15481 + 13795 + 1000, None);
+    assert_eq!(hang, Duration::from_millis(13636));
+    // Without a next disruption the margin after resumption still applies.
+    assert_eq!(longest_pause(&acked, 9638, 9638 + 5031 + 1000, None), Duration::from_millis(13636));
+}
+
 async fn current_primary(ns: &TestNamespace) -> anyhow::Result<Option<String>> {
     Ok(ns.api::<MyDatabase>().get(DB).await?.status.and_then(|s| s.current_primary))
 }
@@ -405,15 +432,9 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     // window spans its whole rollout: its longest pause must be no more than a switchover's.
     let acked = acknowledged(&written);
     let mut report = Vec::new();
-    for (disruption, primary, at, resumed, record) in &downs {
-        let window_end = at + resumed.as_millis() + 1000;
-        let gap = acked
-            .windows(2)
-            .filter(|pair| pair[1].1 > *at && pair[0].1 < window_end)
-            .map(|pair| pair[1].1 - pair[0].1)
-            .max()
-            .unwrap_or(u128::MAX);
-        let gap = Duration::from_millis(gap as u64);
+    for (n, (disruption, primary, at, resumed, record)) in downs.iter().enumerate() {
+        let next_at = downs.get(n + 1).map(|(_, _, next_at, _, _)| *next_at);
+        let gap = longest_pause(&acked, *at, at + resumed.as_millis() + 1000, next_at);
         eprintln!("{disruption:?} of {primary}: writes down {gap:?}");
         report.push((*disruption, gap, record.writes_down_ms));
     }
