@@ -73,6 +73,10 @@ struct Args {
     /// With --scale-report: why the series stopped before its largest N.
     #[arg(long)]
     stopped: Option<String>,
+    /// Skip the lower bound (the same children created directly): no ratio. At N=10,000 that
+    /// run alone takes about 25 minutes on 2 cores, and memory, writes and restart do not need it.
+    #[arg(long)]
+    no_direct: bool,
 }
 
 const SA_NAMESPACE: &str = "keelson-bench";
@@ -270,10 +274,17 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // 1. Lower bound, on an otherwise empty cluster.
-    eprintln!("[bench] direct: {} Deployments + Services without an operator", args.n);
-    let (direct_s, direct_curve) = direct(&client, args.n).await?;
-    eprintln!("[bench] direct: all available after {direct_s:.1}s");
-    delete_namespace(&client, DIRECT_NS).await?;
+    let (direct_s, direct_curve) = if args.no_direct {
+        eprintln!("[bench] direct: skipped (--no-direct)");
+        (None, Vec::new())
+    } else {
+        eprintln!("[bench] direct: {} Deployments + Services without an operator", args.n);
+        let (direct_s, direct_curve) = direct(&client, args.n).await?;
+        eprintln!("[bench] direct: all available after {direct_s:.1}s");
+        delete_namespace(&client, DIRECT_NS).await?;
+        (Some(direct_s), direct_curve)
+    };
+    let ratio = |convergence_s: f64| direct_s.map(|direct_s| convergence_s / direct_s);
 
     // 2. The operator, as a subprocess acting as its ServiceAccount.
     ensure_namespace(&client, APPS_NS).await?;
@@ -310,7 +321,7 @@ async fn main() -> anyhow::Result<()> {
     eprintln!(
         "[bench] operator: {} WebApps Running after {convergence_s:.1}s (children after {children_s:.1}s); ratio {:.2}",
         args.n,
-        convergence_s / direct_s
+        ratio(convergence_s).unwrap_or(f64::NAN)
     );
 
     // 3. Rest: writes counted by the API server's audit log.
@@ -353,6 +364,7 @@ async fn main() -> anyhow::Result<()> {
         }
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let metrics_before_drift = operator.metrics_text().await;
     let drift_from = chrono::Utc::now();
     let mut drift_ms = Vec::new();
     for _ in 0..args.drift_trials {
@@ -389,16 +401,41 @@ async fn main() -> anyhow::Result<()> {
         drift.p50, drift.p90, drift.p99, drift.max
     );
     // Where a revert's time goes, as the API server saw it.
-    let (reactions, revert_writes) = measure::revert_timings(&args.audit_log, &user, drift_from, chrono::Utc::now())?;
-    let (reaction, revert_write) = (Summary::of(&reactions), Summary::of(&revert_writes));
+    let reverts = measure::revert_timings(&args.audit_log, &user, drift_from, chrono::Utc::now())?;
+    let (outsider_write, reaction, revert_write) =
+        (Summary::of(&reverts.outsider_writes), Summary::of(&reverts.reactions), Summary::of(&reverts.writes));
     eprintln!(
-        "[bench] reverts in the audit log ({}): reaction p50 {:.1} / p99 {:.1} ms, the revert's write p50 {:.1} / p99 {:.1} ms",
-        reactions.len(),
+        "[bench] reverts in the audit log ({}): the outsider's write p50 {:.1} / p99 {:.1} ms, reaction p50 {:.1} / p99 {:.1} ms, the revert's write p50 {:.1} / p99 {:.1} ms",
+        reverts.reactions.len(),
+        outsider_write.p50,
+        outsider_write.p99,
         reaction.p50,
         reaction.p99,
         revert_write.p50,
         revert_write.p99
     );
+    // And inside the operator, if it says: from the drifted copy's arrival to the revert sent.
+    let in_operator = match (metrics_before_drift, operator.metrics_text().await) {
+        (Some(before), Some(after)) => {
+            let delay = measure::HistogramDelta::between(
+                &before,
+                &after,
+                "keelson_drift_revert_delay_seconds",
+                "kind=\"Deployment\"",
+            );
+            let ms = |seconds: Option<f64>| seconds.filter(|s| s.is_finite()).map(|s| round(s * 1000.0));
+            eprintln!("[bench] inside the operator: {delay:?}");
+            (delay.count > 0.0).then(|| {
+                json!({
+                    "count": delay.count,
+                    "mean_ms": ms(delay.mean()),
+                    "p50_at_most_ms": ms(delay.quantile_at_most(0.5)),
+                    "p99_at_most_ms": ms(delay.quantile_at_most(0.99)),
+                })
+            })
+        }
+        _ => None,
+    };
 
     // The cheapest correct write for a revert: the two candidates, side by side.
     let revert_writes = if args.revert_trials > 0 {
@@ -474,15 +511,17 @@ async fn main() -> anyhow::Result<()> {
             "convergence_s": round(convergence_s),
             "children_s": round(children_s),
             "create_s": round(created_s),
-            "direct_s": round(direct_s),
-            "ratio": round(convergence_s / direct_s),
+            "direct_s": direct_s.map(round),
+            "ratio": ratio(convergence_s).map(round),
             "convergence_writes": convergence_total,
             "convergence_writes_per_webapp": round(convergence_total as f64 / args.n as f64),
             "convergence_writes_by_kind": convergence_writes,
             "drift_trials": args.drift_trials,
             "drift_ms": {"p50": round(drift.p50), "p90": round(drift.p90), "p99": round(drift.p99), "max": round(drift.max)},
-            "reverts_audited": reactions.len(),
+            "reverts_audited": reverts.reactions.len(),
+            "outsider_write_ms": {"p50": round(outsider_write.p50), "p99": round(outsider_write.p99)},
             "reaction_ms": {"p50": round(reaction.p50), "p99": round(reaction.p99)},
+            "reaction_in_operator": in_operator,
             "revert_write_ms": {"p50": round(revert_write.p50), "p99": round(revert_write.p99)},
             "revert_writes_compared": revert_writes,
             "idle_seconds": args.idle_seconds,

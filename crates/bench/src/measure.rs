@@ -71,9 +71,14 @@ impl Operator {
         }
     }
 
-    async fn metric(&self, name: &str) -> Option<f64> {
+    /// Its `/metrics` page, if it serves one.
+    pub async fn metrics_text(&self) -> Option<String> {
         let (_, body) = http_get(self.metrics_port?, "/metrics").await.ok()?;
-        Some(testkit::process::metric_sum(&body, name))
+        Some(body)
+    }
+
+    async fn metric(&self, name: &str) -> Option<f64> {
+        Some(testkit::process::metric_sum(&self.metrics_text().await?, name))
     }
 
     /// Waits until no reconcile has started for 5 s (or 10 s without metrics).
@@ -291,16 +296,25 @@ fn audit_lines(log: &Path) -> anyhow::Result<impl Iterator<Item = std::io::Resul
     Ok(files.into_iter().flat_map(|file| std::io::BufReader::new(file).lines()))
 }
 
-/// What the API server's audit log shows of each drift revert: for every
-/// Deployment patched by someone else and then by `user`, the reaction (from
-/// the outsider's write completing, when its watch event leaves, to `user`'s
-/// write arriving) and `user`'s write itself (arrival to completion), in ms.
+/// What the API server's audit log shows of drift reverts, in ms, one entry per revert.
+#[derive(Debug, Default, PartialEq)]
+pub struct RevertTimings {
+    /// The outsider's write itself (arrival to completion).
+    pub outsider_writes: Vec<f64>,
+    /// From the outsider's write completing (when its watch event leaves) to the operator's arriving.
+    pub reactions: Vec<f64>,
+    /// The operator's write itself.
+    pub writes: Vec<f64>,
+}
+
+/// The reverts in the audit log: every Deployment patch by someone else
+/// followed by one of `user`'s.
 pub fn revert_timings(
     log: &Path,
     user: &str,
     from: chrono::DateTime<chrono::Utc>,
     to: chrono::DateTime<chrono::Utc>,
-) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+) -> anyhow::Result<RevertTimings> {
     let time = |entry: &Value, field: &str| {
         entry[field]
             .as_str()
@@ -337,16 +351,74 @@ pub fn revert_timings(
         patches.entry(name).or_default().push((received, completed, who == Some(user)));
     }
     let ms = |d: chrono::TimeDelta| d.num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0;
-    let (mut reactions, mut writes) = (Vec::new(), Vec::new());
+    let mut timings = RevertTimings::default();
     for mut list in patches.into_values() {
         list.sort_by_key(|(received, _, _)| *received);
         for pair in list.windows(2) {
-            let ((_, outsider_done, false), (received, completed, true)) = (pair[0], pair[1]) else { continue };
-            reactions.push(ms(received - outsider_done));
-            writes.push(ms(completed - received));
+            let ((outsider_received, outsider_done, false), (received, completed, true)) = (pair[0], pair[1]) else {
+                continue;
+            };
+            timings.outsider_writes.push(ms(outsider_done - outsider_received));
+            timings.reactions.push(ms(received - outsider_done));
+            timings.writes.push(ms(completed - received));
         }
     }
-    Ok((reactions, writes))
+    Ok(timings)
+}
+
+/// A Prometheus histogram read from two scrapes of `/metrics`: the
+/// observations made between them.
+#[derive(Debug, PartialEq)]
+pub struct HistogramDelta {
+    /// (upper bound, cumulative count), by bound.
+    pub buckets: Vec<(f64, f64)>,
+    pub sum: f64,
+    pub count: f64,
+}
+
+impl HistogramDelta {
+    /// `name`'s series whose labels contain `labels`, `after` minus `before`.
+    pub fn between(before: &str, after: &str, name: &str, labels: &str) -> Self {
+        let read = |text: &str| {
+            let mut buckets = Vec::new();
+            let (mut sum, mut count) = (0.0, 0.0);
+            for line in text.lines().filter(|l| l.contains(labels)) {
+                let Some((series, value)) = line.rsplit_once(' ') else { continue };
+                let Ok(value) = value.parse::<f64>() else { continue };
+                if series.starts_with(&format!("{name}_bucket{{")) {
+                    let bound = series.split("le=\"").nth(1).and_then(|b| b.split('"').next());
+                    let bound = match bound {
+                        Some("+Inf") => f64::INFINITY,
+                        Some(b) => b.parse().unwrap_or(f64::NAN),
+                        None => continue,
+                    };
+                    buckets.push((bound, value));
+                } else if series.starts_with(&format!("{name}_sum{{")) {
+                    sum = value;
+                } else if series.starts_with(&format!("{name}_count{{")) {
+                    count = value;
+                }
+            }
+            (buckets, sum, count)
+        };
+        let (old, old_sum, old_count) = read(before);
+        let (new, sum, count) = read(after);
+        let buckets = new
+            .into_iter()
+            .map(|(bound, n)| (bound, n - old.iter().find(|(b, _)| *b == bound).map_or(0.0, |(_, n)| *n)))
+            .collect();
+        Self { buckets, sum: sum - old_sum, count: count - old_count }
+    }
+
+    /// The upper bound of the bucket holding quantile `q` (the most the histogram can tell).
+    pub fn quantile_at_most(&self, q: f64) -> Option<f64> {
+        let rank = (q * self.count).ceil().max(1.0);
+        self.buckets.iter().find(|(_, n)| *n >= rank).map(|(bound, _)| *bound).filter(|_| self.count > 0.0)
+    }
+
+    pub fn mean(&self) -> Option<f64> {
+        (self.count > 0.0).then(|| self.sum / self.count)
+    }
 }
 
 pub fn machine() -> Value {
@@ -429,9 +501,38 @@ mod tests {
         std::fs::write(&log, lines.join("\n"))?;
         let from = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")?.with_timezone(&chrono::Utc);
         let to = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:01:00Z")?.with_timezone(&chrono::Utc);
-        let (reactions, writes) = revert_timings(&log, sa, from, to)?;
-        assert_eq!((reactions, writes), (vec![3.5], vec![6.0]));
+        let timings = revert_timings(&log, sa, from, to)?;
+        assert_eq!(timings, RevertTimings { outsider_writes: vec![4.0], reactions: vec![3.5], writes: vec![6.0] });
         std::fs::remove_dir_all(dir)?;
         Ok(())
+    }
+
+    #[test]
+    fn a_histogram_is_read_as_the_observations_between_two_scrapes() {
+        let scrape = |b1: u32, b2: u32, inf: u32, sum: f64| {
+            format!(
+                "# TYPE keelson_delay_seconds histogram\n\
+                 keelson_delay_seconds_sum{{kind=\"Deployment\"}} {sum}\n\
+                 keelson_delay_seconds_count{{kind=\"Deployment\"}} {inf}\n\
+                 keelson_delay_seconds_bucket{{le=\"0.001\",kind=\"Deployment\"}} {b1}\n\
+                 keelson_delay_seconds_bucket{{le=\"0.002\",kind=\"Deployment\"}} {b2}\n\
+                 keelson_delay_seconds_bucket{{le=\"+Inf\",kind=\"Deployment\"}} {inf}\n\
+                 keelson_delay_seconds_count{{kind=\"Service\"}} 7\n"
+            )
+        };
+        let delta = HistogramDelta::between(
+            &scrape(1, 1, 1, 0.0005),
+            &scrape(91, 100, 101, 0.1005),
+            "keelson_delay_seconds",
+            "kind=\"Deployment\"",
+        );
+        assert_eq!(delta.count, 100.0);
+        assert_eq!(delta.buckets, vec![(0.001, 90.0), (0.002, 99.0), (f64::INFINITY, 100.0)]);
+        assert_eq!(delta.quantile_at_most(0.5), Some(0.001));
+        assert_eq!(delta.quantile_at_most(0.99), Some(0.002));
+        assert_eq!(delta.quantile_at_most(1.0), Some(f64::INFINITY));
+        assert!((delta.mean().unwrap_or_default() - 0.001).abs() < 1e-9);
+        let nothing = HistogramDelta::between("", "", "keelson_delay_seconds", "kind=\"Deployment\"");
+        assert_eq!((nothing.quantile_at_most(0.5), nothing.mean()), (None, None));
     }
 }

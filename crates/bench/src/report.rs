@@ -187,6 +187,8 @@ pub fn markdown(results: &Value) -> String {
          | drift revert p50 / p90 / p99 / max ({trials} trials) | {p50} / {p90} / {p99} / {max} ms | p99 ≤ 20 ms | {v_drift} |\n\
          | revert in the API server's audit log ({reverts} trials): reaction p50 / p99 (outsider's write done → Keelson's arrives) | {re50} / {re99} ms | p50 ≤ 3, p99 ≤ 10 ms | {v_reaction} |\n\
          | revert in the audit log: Keelson's write itself, p50 / p99 (arrival → done) | {rw50} / {rw99} ms | | |\n\
+         | revert in the audit log: the outsider's write before it, p50 / p99 (arrival → done) | {ow50} / {ow99} ms | | |\n\
+         | inside the operator (`keelson_drift_revert_delay_seconds`): the drifted copy's arrival → the revert sent, mean / p50 / p99 (p50, p99: at most, by bucket) | {in_op} | | |\n\
          {compared_row}\
          | writes during {idle_s} s at rest (API-server audit log) | {idle} | 0 | {v_idle} |\n\
          | operator peak RSS during convergence | {rss_peak} MB | ≤ 25 MB | {v_rss} |\n\
@@ -289,6 +291,19 @@ pub fn markdown(results: &Value) -> String {
             w["reaction_ms"]["p50"].as_f64().is_some_and(|p| p <= 3.0)
                 && w["reaction_ms"]["p99"].as_f64().is_some_and(|p| p <= 10.0)
         ),
+        ow50 = w["outsider_write_ms"]["p50"],
+        ow99 = w["outsider_write_ms"]["p99"],
+        in_op = {
+            let d = &w["reaction_in_operator"];
+            if d.is_null() {
+                "not reported by this operator".to_string()
+            } else {
+                format!(
+                    "{} / ≤ {} / ≤ {} ms ({} reverts)",
+                    d["mean_ms"], d["p50_at_most_ms"], d["p99_at_most_ms"], d["count"]
+                )
+            }
+        },
         rw50 = w["revert_write_ms"]["p50"],
         rw99 = w["revert_write_ms"]["p99"],
         compared_row = compared_row,

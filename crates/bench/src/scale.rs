@@ -84,11 +84,13 @@ pub fn markdown(runs: &[(u64, Value)], stopped: Option<&str>) -> String {
     let mut rows = String::new();
     for (n, r) in runs {
         let (w, restart) = (&r["webapp"], &r["restart"]);
+        let (direct, ratio) = match w["direct_s"].as_f64() {
+            Some(direct_s) => (format!("{direct_s} s"), w["ratio"].to_string()),
+            None => ("not run".to_string(), "–".to_string()),
+        };
         rows.push_str(&format!(
-            "| {n} | {} s | {} s | {} | {} | {} / {} MB | {} s, {} writes, {} MB |\n",
+            "| {n} | {} s | {direct} | {ratio} | {} | {} / {} MB | {} s, {} writes, {} MB |\n",
             w["convergence_s"],
-            w["direct_s"],
-            w["ratio"],
             w["convergence_writes_per_webapp"],
             w["rss_peak_mb"],
             w["rss_rest_mb"],

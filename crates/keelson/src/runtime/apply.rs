@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 
 use super::context::{Context, FIELD_MANAGER};
 use super::drift::{ChildChange, FieldDrift, classify, stamp_desired_hash};
-use super::metrics::ChildWriteLabels;
+use super::metrics::{ChildWriteLabels, KindLabels};
 use super::outcome::{ChildFailure, Invalid, Outcome};
 use super::packed::{LabelsRead, Packed};
 use super::{cache, report};
@@ -219,7 +219,7 @@ impl<'a> Applier<'a> {
         let name = desired.name_any();
         let key = format!("{kind}/{}/{name}", self.namespace);
         stamp_desired_hash(&mut desired)?;
-        let cached = cache::get(cache, &self.namespace, &name);
+        let (cached, arrived) = cache::get_arrived(cache, &self.namespace, &name).unzip();
         let change = classify(&desired, cached.as_ref())?;
         if let (ChildChange::Unchanged, Some(cached)) = (&change, &cached) {
             return Ok((cached.clone(), ChildChange::Unchanged));
@@ -227,6 +227,14 @@ impl<'a> Applier<'a> {
         let api = self.api::<K>();
         let cached_version = cached.as_ref().and_then(|c| c.resource_version());
         let change = if self.ctx.own_writes.caught_up(&key, cached_version.as_deref()) {
+            // The drift was seen in this cached copy: how long it waited here is ours to keep short.
+            if let (ChildChange::DriftCorrected(_), Some(arrived)) = (&change, arrived) {
+                self.ctx
+                    .metrics
+                    .drift_revert_delay
+                    .get_or_create(&KindLabels { kind: kind.to_string() })
+                    .observe(arrived.elapsed().as_secs_f64());
+            }
             change
         } else {
             let actual = api.get_opt(&name).await.map_err(Error::kube(format!("get {kind} {name}")))?;

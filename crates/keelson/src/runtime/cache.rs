@@ -11,7 +11,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::health::WatchHealth;
 use super::meta;
@@ -104,7 +104,16 @@ pub fn get<K>(store: &Store<Packed<K>>, namespace: &str, name: &str) -> Option<K
 where
     K: Resource<DynamicType = ()> + LabelsRead + Serialize + DeserializeOwned + 'static,
 {
-    store.get(&ObjectRef::new(name).within(namespace)).and_then(|packed| unpack(&packed))
+    get_arrived(store, namespace, name).map(|(object, _)| object)
+}
+
+/// The cached `namespace/name`, if any, with when its watch delivered it.
+pub fn get_arrived<K>(store: &Store<Packed<K>>, namespace: &str, name: &str) -> Option<(K, Instant)>
+where
+    K: Resource<DynamicType = ()> + LabelsRead + Serialize + DeserializeOwned + 'static,
+{
+    let packed = store.get(&ObjectRef::new(name).within(namespace))?;
+    Some((unpack(&packed)?, packed.arrived()))
 }
 
 /// Cached objects in `namespace` carrying every label of `labels`, by name.

@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Instant;
 
 use kube::Resource;
 use kube::api::ObjectMeta;
@@ -76,6 +77,9 @@ pub struct Packed<K> {
     metadata: ObjectMeta,
     /// The rest of the object as JSON, without `managedFields`.
     rest: Arc<[u8]>,
+    /// When this version arrived (was decoded from the watch): how long a
+    /// drifted copy waited in the cache before the revert is measured from it.
+    arrived: Instant,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -93,7 +97,11 @@ impl<K: Resource + LabelsRead + Serialize + DeserializeOwned> Packed<K> {
             ..ObjectMeta::default()
         };
         let rest = serde_json::to_vec(&object)?.into();
-        Ok(Self { metadata, rest, kind: PhantomData })
+        Ok(Self { metadata, rest, arrived: Instant::now(), kind: PhantomData })
+    }
+
+    pub fn arrived(&self) -> Instant {
+        self.arrived
     }
 
     /// The whole object again.
@@ -112,7 +120,7 @@ impl<K: Resource + LabelsRead + Serialize + DeserializeOwned> Packed<K> {
 
 impl<K> Clone for Packed<K> {
     fn clone(&self) -> Self {
-        Self { metadata: self.metadata.clone(), rest: Arc::clone(&self.rest), kind: PhantomData }
+        Self { metadata: self.metadata.clone(), rest: Arc::clone(&self.rest), arrived: self.arrived, kind: PhantomData }
     }
 }
 

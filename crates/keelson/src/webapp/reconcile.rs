@@ -209,6 +209,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn drift_in_a_cached_copy_showing_our_last_write_is_reverted_without_a_read() {
+        let app = sample();
+        let (mut drifted, service) = applied(&app);
+        drifted.spec.as_mut().expect("spec").replicas = Some(10);
+        drifted.metadata.resource_version = Some("12".into());
+        let (api, client) = FakeApi::new(&app);
+        let reconciler = reconciler(client, vec![drifted], vec![service]);
+        reconciler.ctx.own_writes.record("Deployment/default/sandy-app".into(), Some("11".into()));
+        pipeline::reconcile(Arc::new(app), reconciler.clone()).await.expect("reconciles");
+        assert!(!api.requests().iter().any(|r| r.method == "GET"), "{:?}", api.requests());
+        assert_eq!(api.applies(), ["deployments/sandy-app"]);
+        // How long the drifted copy waited in the cache before the revert went out.
+        let text = reconciler.ctx.metrics.render();
+        assert!(text.contains("keelson_drift_revert_delay_seconds_count{kind=\"Deployment\"} 1"), "{text}");
+    }
+
+    #[tokio::test]
     async fn reconcile_replaces_a_list_whose_entry_an_outsider_edited() {
         let app = sample();
         let (deployment, mut edited) = applied(&app);
