@@ -230,7 +230,7 @@ async fn direct(client: &Client, n: usize) -> anyhow::Result<(f64, Vec<f64>)> {
     };
     let pairs: Vec<(Deployment, Service)> = (0..n).map(children).collect::<anyhow::Result<_>>()?;
     let start = Instant::now();
-    let watch = tokio::spawn(converge(deployments.clone(), n, start, Duration::from_secs(1200), deployment_available));
+    let watch = tokio::spawn(converge(deployments.clone(), n, start, convergence_timeout(n), deployment_available));
     stream::iter(pairs.into_iter().map(|(d, s)| {
         let (deployments, services) = (deployments.clone(), services.clone());
         async move {
@@ -300,15 +300,15 @@ async fn main() -> anyhow::Result<()> {
     let cpu_before = sampler.cpu_seconds();
     let start = Instant::now();
     let converging_since = chrono::Utc::now();
-    let running = tokio::spawn(converge(apps.clone(), args.n, start, Duration::from_secs(1200), |a: &WebApp| {
+    let running = tokio::spawn(converge(apps.clone(), args.n, start, convergence_timeout(args.n), |a: &WebApp| {
         a.status
             .as_ref()
             .is_some_and(|s| s.phase == Some(WebAppPhase::Running) && s.available_replicas == a.spec.replicas)
     }));
     let deployed =
-        tokio::spawn(converge(deployments.clone(), args.n, start, Duration::from_secs(1200), |_: &Deployment| true));
+        tokio::spawn(converge(deployments.clone(), args.n, start, convergence_timeout(args.n), |_: &Deployment| true));
     let serviced =
-        tokio::spawn(converge(services.clone(), args.n, start, Duration::from_secs(1200), |_: &Service| true));
+        tokio::spawn(converge(services.clone(), args.n, start, convergence_timeout(args.n), |_: &Service| true));
     create_all(&apps, args.n, webapp).await?;
     let created_s = start.elapsed().as_secs_f64();
     eprintln!("[bench] operator: {} WebApps created in {created_s:.1}s", args.n);
@@ -589,6 +589,12 @@ fn database(i: usize) -> MyDatabase {
 
 /// spec.replicas values the drift watch saw, per Deployment, with arrival times.
 type ReplicaHistory = BTreeMap<String, Vec<(i32, Instant)>>;
+
+/// How long N objects may take to converge: 20 minutes, or 0.3 s each (N=10,000 took about
+/// 23 minutes on 2 cores).
+fn convergence_timeout(n: usize) -> Duration {
+    Duration::from_secs(1200).max(Duration::from_millis(300 * n as u64))
+}
 
 fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0

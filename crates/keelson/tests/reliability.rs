@@ -95,10 +95,14 @@ async fn drift_and_new_objects_are_handled_right_after_an_api_server_restart() -
     })
     .await?;
     let database_reconciled = created.elapsed();
-    eventually(DEFAULT_TIMEOUT, "/readyz to answer 200 again", || async {
+    let ready_again = eventually(DEFAULT_TIMEOUT, "/readyz to answer 200 again", || async {
         operator.health("/readyz").await.is_ok_and(|(c, _)| c == 200)
     })
-    .await?;
+    .await;
+    if let Err(error) = ready_again {
+        let readyz = operator.health("/readyz").await.map(|(_, body)| body).unwrap_or_default();
+        anyhow::bail!("{error}: /readyz says {readyz}\nlog:\n{}", operator.log_text());
+    }
     eprintln!(
         "after the API server was ready again: drift reverted in {:.1} s, a new MyDatabase reconciled in {:.1} s",
         drift_reverted.as_secs_f64(),
