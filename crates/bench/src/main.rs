@@ -319,9 +319,9 @@ async fn main() -> anyhow::Result<()> {
     let cpu_s = sampler.cpu_seconds() - cpu_before;
     let rss_peak_mb = sampler.peak_rss_mb();
     eprintln!(
-        "[bench] operator: {} WebApps Running after {convergence_s:.1}s (children after {children_s:.1}s); ratio {:.2}",
+        "[bench] operator: {} WebApps Running after {convergence_s:.1}s (children after {children_s:.1}s); ratio {}",
         args.n,
-        ratio(convergence_s).unwrap_or(f64::NAN)
+        ratio(convergence_s).map_or("not measured (--no-direct)".into(), |r| format!("{r:.2}"))
     );
 
     // 3. Rest: writes counted by the API server's audit log.

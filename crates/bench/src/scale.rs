@@ -111,7 +111,7 @@ pub fn markdown(runs: &[(u64, Value)], stopped: Option<&str>) -> String {
     };
     let stopped = stopped.map(|why| format!("\n**Stopped early**: {why}\n")).unwrap_or_default();
     let without_direct = if runs.iter().any(|(_, r)| r["webapp"]["direct_s"].is_null()) {
-        "\nWhere the lower bound says *not run*, N was above `KEELSON_SCALE_DIRECT_MAX` (3000): creating\n\
+        "\nWhere the lower bound says *not run*, N was above `KEELSON_SCALE_DIRECT_MAX` (3000 by default): creating\n\
          the same children directly takes about 25 minutes at 10,000 here, and memory, writes and\n\
          restart do not need it.\n"
     } else {
