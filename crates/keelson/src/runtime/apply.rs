@@ -207,9 +207,13 @@ impl<'a> Applier<'a> {
     /// Applies `desired` when it is missing or differs from the cluster's copy.
     /// A cached copy that shows our last write (`OwnWrites`) is the cluster's
     /// copy: a difference is someone else's change (drift), written back at
-    /// once. Any other cached copy is trusted only to say "nothing to do";
-    /// a difference is confirmed with the API server first (it may be our own
-    /// write the cache has not shown yet, or a child this process never wrote).
+    /// once. So is the cache's "none" for a new owner's child this process
+    /// never wrote: the cache holds every child with Keelson's labels, so the
+    /// API server has none, or a stranger's that differs at least by those
+    /// labels, and a read would only delay the same apply. Any other cached
+    /// copy is trusted only to say "nothing to do"; a difference is confirmed
+    /// with the API server first (it may be our own write the cache has not
+    /// shown yet, or a child this process never wrote).
     async fn apply_if_changed<K: Child + LabelsRead>(
         &self,
         cache: &Store<Packed<K>>,
@@ -235,6 +239,8 @@ impl<'a> Applier<'a> {
                     .get_or_create(&KindLabels { kind: kind.to_string() })
                     .observe(arrived.elapsed().as_secs_f64());
             }
+            change
+        } else if cached.is_none() && !self.reconciled_before && !self.ctx.own_writes.wrote(&key) {
             change
         } else {
             let actual = api.get_opt(&name).await.map_err(Error::kube(format!("get {kind} {name}")))?;

@@ -77,6 +77,9 @@ where
     )
 }
 
+/// The longest a failed watch waits before it retries, before jitter (which adds up to as much).
+pub const RETRY_MAX_DELAY: Duration = Duration::from_secs(2);
+
 /// How a failed watch retries: 200 ms doubling to at most 2 s, jittered, for
 /// ever; forgotten after a minute of health. kube's default grows to 30 s, which
 /// left the operator blind for up to a minute after an API-server restart; a
@@ -84,7 +87,7 @@ where
 fn retry_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
     let exponential = backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(2))
+        .with_max_delay(RETRY_MAX_DELAY)
         .with_factor(2.0)
         .with_jitter()
         .without_max_times();

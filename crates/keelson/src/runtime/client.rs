@@ -13,7 +13,7 @@ use tower::{Layer, Service};
 
 use super::metrics::{HttpLabels, Metrics};
 
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Builds the client from the ambient configuration (KUBECONFIG or in-cluster).
 pub async fn build(metrics: Arc<Metrics>) -> Result<Client, kube::Error> {

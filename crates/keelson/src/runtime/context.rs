@@ -198,6 +198,11 @@ impl OwnWrites {
         versions.get(key).is_some_and(|ours| version_at_least(cached, ours))
     }
 
+    /// Whether this process has written the child (and not deleted it since).
+    pub fn wrote(&self, key: &str) -> bool {
+        self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains_key(key)
+    }
+
     /// Forgets a child that was deleted.
     pub fn forget(&self, key: &str) {
         self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(key);

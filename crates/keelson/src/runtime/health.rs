@@ -13,11 +13,22 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
+use super::cache::RETRY_MAX_DELAY;
+use super::client::CONNECT_TIMEOUT;
 use super::metrics::Metrics;
 
 /// A watch may be broken this long (a blip, a reconnect) before the
 /// operator stops calling itself ready.
 const BROKEN_WATCH_GRACE: Duration = Duration::from_secs(3);
+
+/// A watch that still fails reports it again within this: its retry waits at
+/// most twice the backoff's cap, and a connection attempt gives up after the
+/// client's connect timeout. One quiet for longer got through: a watch resumed
+/// where it stopped sends nothing until an object changes, so "no failure
+/// since" is the only sign of it (after an API-server restart, two watches
+/// resumed so stayed "failing" for minutes with nothing wrong).
+const FAILS_AGAIN_WITHIN: Duration =
+    RETRY_MAX_DELAY.saturating_mul(2).saturating_add(CONNECT_TIMEOUT).saturating_add(Duration::from_secs(3));
 
 /// Readiness as the controllers report it: ready once every cache has synced,
 /// and not while a watch has been failing for longer than a few seconds
@@ -28,8 +39,21 @@ pub struct Readiness(Arc<ReadinessState>);
 #[derive(Default)]
 struct ReadinessState {
     synced: AtomicBool,
-    /// Watches failing now, and since when.
-    broken: Mutex<BTreeMap<String, Instant>>,
+    /// Watches failing now, by name.
+    broken: Mutex<BTreeMap<String, Failing>>,
+}
+
+/// One watch's current run of failures.
+#[derive(Clone, Copy)]
+struct Failing {
+    since: Instant,
+    last: Instant,
+}
+
+impl Failing {
+    fn is_broken(&self) -> bool {
+        self.since.elapsed() > BROKEN_WATCH_GRACE && self.last.elapsed() < FAILS_AGAIN_WITHIN
+    }
 }
 
 impl Readiness {
@@ -49,8 +73,8 @@ impl Readiness {
         let broken = self.0.broken.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let failing: Vec<String> = broken
             .iter()
-            .filter(|(_, since)| since.elapsed() > BROKEN_WATCH_GRACE)
-            .map(|(watch, since)| format!("{watch} ({}s)", since.elapsed().as_secs()))
+            .filter(|(_, failing)| failing.is_broken())
+            .map(|(watch, failing)| format!("{watch} ({}s)", failing.since.elapsed().as_secs()))
             .collect();
         (!failing.is_empty()).then(|| format!("watches failing: {}", failing.join(", ")))
     }
@@ -75,11 +99,16 @@ impl WatchHealth {
     pub fn failed(&self, error: &dyn std::fmt::Display) {
         self.failing.store(true, Ordering::SeqCst);
         let mut broken = self.readiness.0.broken.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if broken.contains_key(&self.name) {
-            tracing::debug!(watch = %self.name, %error, "watch still failing");
-        } else {
-            tracing::warn!(watch = %self.name, %error, "watch failed; retrying");
-            broken.insert(self.name.clone(), Instant::now());
+        let now = Instant::now();
+        match broken.get_mut(&self.name) {
+            Some(failing) if now.duration_since(failing.last) < FAILS_AGAIN_WITHIN => {
+                failing.last = now;
+                tracing::debug!(watch = %self.name, %error, "watch still failing");
+            }
+            _ => {
+                tracing::warn!(watch = %self.name, %error, "watch failed; retrying");
+                broken.insert(self.name.clone(), Failing { since: now, last: now });
+            }
         }
     }
 
@@ -141,14 +170,23 @@ mod tests {
         let watch = readiness.watch("webapp/Deployment");
         watch.failed(&"connection refused");
         assert!(readiness.is_ready(), "a blip is tolerated");
-        readiness
-            .0
-            .broken
-            .lock()
-            .expect("lock")
-            .insert("webapp/Deployment".into(), Instant::now() - 2 * BROKEN_WATCH_GRACE);
+        let failing_since = |since: Duration, last: Duration| {
+            let now = Instant::now();
+            let failing = Failing { since: now - since, last: now - last };
+            readiness.0.broken.lock().expect("lock").insert("webapp/Deployment".into(), failing);
+        };
+        failing_since(2 * BROKEN_WATCH_GRACE, Duration::from_secs(1));
         assert!(readiness.problem().is_some_and(|p| p.contains("webapp/Deployment")));
         watch.working();
         assert!(readiness.is_ready());
+
+        // Quiet since its last failure for longer than a retry takes: it got through.
+        failing_since(FAILS_AGAIN_WITHIN * 3, FAILS_AGAIN_WITHIN + Duration::from_secs(1));
+        assert!(readiness.is_ready(), "a watch resumed without events is not failing");
+        // Its next failure starts a new run, tolerated as a blip again.
+        watch.failed(&"connection refused");
+        assert!(readiness.is_ready());
+        let since = readiness.0.broken.lock().expect("lock")["webapp/Deployment"].since;
+        assert!(since.elapsed() < BROKEN_WATCH_GRACE, "a new run of failures, not the old one");
     }
 }

@@ -133,7 +133,8 @@ mod tests {
     async fn reconcile_creates_deployment_and_service_and_holds_the_progress() {
         let app = sample();
         let (api, client) = FakeApi::new(&app);
-        let action = pipeline::reconcile(Arc::new(app), reconciler(client, vec![], vec![])).await;
+        let reconciler = reconciler(client, vec![], vec![]);
+        let action = pipeline::reconcile(Arc::new(app.clone()), reconciler.clone()).await;
         assert_eq!(action.ok(), Some(Action::requeue(pipeline::STATUS_SETTLE)), "looked at again when the hold ends");
         let mut applies = api.applies();
         applies.sort();
@@ -142,6 +143,12 @@ mod tests {
             assert!(apply.query.contains("fieldManager=keelson") && apply.query.contains("force=true"), "{apply:?}");
         }
         assert!(api.status_writes().is_empty(), "0/3 pods is no news in the first seconds");
+        let child_reads = || api.requests().iter().filter(|r| r.method == "GET" && !r.path.contains("webapps")).count();
+        assert_eq!(child_reads(), 0, "a new WebApp's children, absent from the cache, are applied without a read");
+
+        // Again before the cache shows them: ours now, so read before writing again.
+        pipeline::reconcile(Arc::new(app), reconciler).await.expect("reconciles");
+        assert_eq!(child_reads(), 2);
     }
 
     #[tokio::test]
