@@ -28,7 +28,7 @@ use rand::Rng;
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use measure::{ProcessSampler, Summary};
+use measure::{CpuAccount, ProcessSampler, Summary};
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark an operator on the local control plane")]
@@ -55,6 +55,9 @@ struct Args {
         default_value = "target/release/keelson run --metrics-addr 127.0.0.1:{metrics} --health-addr 127.0.0.1:{health} --log-level warn"
     )]
     operator_cmd: String,
+    /// The local cluster's directory, where its processes' pids are (CPU by component is read from them).
+    #[arg(long, env = "KEELSON_CLUSTER_DIR")]
+    cluster_dir: Option<PathBuf>,
     /// The API server's audit log (write requests are counted there).
     #[arg(long, env = "KEELSON_AUDIT_LOG")]
     audit_log: PathBuf,
@@ -274,13 +277,17 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // 1. Lower bound, on an otherwise empty cluster.
+    let mut direct_cpu = None;
     let (direct_s, direct_curve) = if args.no_direct {
         eprintln!("[bench] direct: skipped (--no-direct)");
         (None, Vec::new())
     } else {
         eprintln!("[bench] direct: {} Deployments + Services without an operator", args.n);
+        let account = args.cluster_dir.as_deref().map(CpuAccount::of_cluster);
+        let before = account.as_ref().map(CpuAccount::read);
         let (direct_s, direct_curve) = direct(&client, args.n).await?;
-        eprintln!("[bench] direct: all available after {direct_s:.1}s");
+        direct_cpu = account.zip(before).map(|(account, before)| account.between(&before, &account.read()));
+        eprintln!("[bench] direct: all available after {direct_s:.1}s; CPU {}", direct_cpu.clone().unwrap_or_default());
         delete_namespace(&client, DIRECT_NS).await?;
         (Some(direct_s), direct_curve)
     };
@@ -298,6 +305,8 @@ async fn main() -> anyhow::Result<()> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), APPS_NS);
     let services: Api<Service> = Api::namespaced(client.clone(), APPS_NS);
     let cpu_before = sampler.cpu_seconds();
+    let account = args.cluster_dir.as_deref().map(|dir| CpuAccount::of_cluster(dir).with("keelson", operator.pid()));
+    let account_before = account.as_ref().map(CpuAccount::read);
     let start = Instant::now();
     let converging_since = chrono::Utc::now();
     let running = tokio::spawn(converge(apps.clone(), args.n, start, convergence_timeout(args.n), |a: &WebApp| {
@@ -317,6 +326,7 @@ async fn main() -> anyhow::Result<()> {
     let children_s =
         deployed.await??.last().copied().unwrap_or(0.0).max(serviced.await??.last().copied().unwrap_or(0.0));
     let cpu_s = sampler.cpu_seconds() - cpu_before;
+    let operator_cpu = account.zip(account_before).map(|(account, before)| account.between(&before, &account.read()));
     let rss_peak_mb = sampler.peak_rss_mb();
     eprintln!(
         "[bench] operator: {} WebApps Running after {convergence_s:.1}s (children after {children_s:.1}s); ratio {}",
@@ -531,6 +541,7 @@ async fn main() -> anyhow::Result<()> {
             "rss_rest_anon_mb": round(rss_rest_anon_mb),
             "rss_rest_file_mb": round(rss_rest_file_mb),
             "cpu_s": round(cpu_s),
+            "cpu_by_process": {"direct": direct_cpu, "operator": operator_cpu},
         },
         "restart": restart,
         "mydatabase": {"n": args.databases, "convergence_s": round(db_convergence_s), "rss_mb": round(db_rss_mb)},

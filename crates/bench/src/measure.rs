@@ -186,13 +186,104 @@ impl ProcessSampler {
 
     /// User + system CPU seconds so far.
     pub fn cpu_seconds(&self) -> f64 {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else { return 0.0 };
-        // Fields after the parenthesised command name; utime and stime are 14 and 15.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-        (ticks(11) + ticks(12)) / clock_ticks()
+        cpu_seconds(self.pid)
     }
+}
+
+/// User + system CPU seconds of process `pid` so far (0 once it is gone).
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the parenthesised command name; utime and stime are 14 and 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / clock_ticks()
+}
+
+/// The local control plane's processes, as `hack/cluster.sh` records their pids.
+const CONTROL_PLANE: [&str; 5] = ["kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok"];
+
+/// Where a phase's CPU went: each control-plane process and the operator,
+/// and how busy the whole machine was. On a machine whose cores are all busy
+/// a phase lasts as long as the CPU it needs, so this says what a
+/// convergence time is made of.
+pub struct CpuAccount {
+    processes: Vec<(String, u32)>,
+}
+
+/// One reading of a [`CpuAccount`].
+pub struct CpuReading {
+    at: std::time::Instant,
+    by_process: Vec<f64>,
+    machine: (f64, f64),
+}
+
+impl CpuAccount {
+    /// The control plane of the cluster in `dir` (pids it cannot read are left out).
+    pub fn of_cluster(dir: &Path) -> Self {
+        let processes = CONTROL_PLANE
+            .iter()
+            .filter_map(|name| {
+                let pid = std::fs::read_to_string(dir.join(format!("{name}.pid"))).ok()?.trim().parse().ok()?;
+                Some((name.to_string(), pid))
+            })
+            .collect();
+        Self { processes }
+    }
+
+    pub fn with(mut self, name: &str, pid: u32) -> Self {
+        self.processes.push((name.into(), pid));
+        self
+    }
+
+    pub fn read(&self) -> CpuReading {
+        CpuReading {
+            at: std::time::Instant::now(),
+            by_process: self.processes.iter().map(|(_, pid)| cpu_seconds(*pid)).collect(),
+            machine: machine_ticks(),
+        }
+    }
+
+    /// CPU seconds by process between two readings, their total, the seconds
+    /// between them and the machine's busy cores over that time, as JSON.
+    pub fn between(&self, before: &CpuReading, after: &CpuReading) -> Value {
+        let by_process: serde_json::Map<String, Value> = self
+            .processes
+            .iter()
+            .zip(before.by_process.iter().zip(&after.by_process))
+            .map(|((name, _), (b, a))| (name.clone(), json!(round2(a - b))))
+            .collect();
+        let total: f64 = before.by_process.iter().zip(&after.by_process).map(|(b, a)| a - b).sum();
+        let ((busy_before, all_before), (busy_after, all_after)) = (before.machine, after.machine);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let busy_cores = if all_after > all_before {
+            cores as f64 * (busy_after - busy_before) / (all_after - all_before)
+        } else {
+            0.0
+        };
+        json!({
+            "by_process": by_process,
+            "total_s": round2(total),
+            "seconds": round2(after.at.duration_since(before.at).as_secs_f64()),
+            "machine_busy_cores": round2(busy_cores),
+            "machine_cores": cores,
+        })
+    }
+}
+
+/// The machine's busy and total CPU ticks so far (`/proc/stat`; idle and iowait are not busy).
+fn machine_ticks() -> (f64, f64) {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else { return (0.0, 0.0) };
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else { return (0.0, 0.0) };
+    let ticks: Vec<f64> = line.split_whitespace().skip(1).filter_map(|t| t.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let all: f64 = ticks.iter().take(8).sum();
+    let idle = ticks.get(3).copied().unwrap_or(0.0) + ticks.get(4).copied().unwrap_or(0.0);
+    (all - idle, all)
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
 }
 
 impl Drop for ProcessSampler {
