@@ -41,7 +41,7 @@ pub struct RunArgs {
     pub health_addr: SocketAddr,
 
     /// Reconciles that may run at once per controller (never two for one object).
-    #[arg(long, env = "KEELSON_CONCURRENCY", default_value_t = 16)]
+    #[arg(long, env = "KEELSON_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
 
     /// Log format.

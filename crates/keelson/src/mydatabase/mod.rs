@@ -26,20 +26,20 @@ pub mod validation;
 
 use std::sync::Arc;
 
+use futures::{StreamExt, stream};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
-use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::MyDatabase;
 use crate::runtime::cache::{self, Packed};
-use crate::runtime::controller::{ControllerDef, RunParams, drive, stopped};
+use crate::runtime::controller::{ControllerDef, RunParams, drive};
 use crate::runtime::permissions::Permission;
-use crate::runtime::{meta, scoped_api};
+use crate::runtime::{meta, queue, scoped_api};
 
 /// The MyDatabase controller, for the operator's table.
 pub const CONTROLLER: ControllerDef =
@@ -90,7 +90,7 @@ pub const RBAC: &[Permission] = &[
 ];
 
 /// The MyDatabase a labelled object (a backup Job, a pod, a volume) belongs to.
-fn owning_database<K: kube::Resource>(object: K) -> Option<ObjectRef<MyDatabase>> {
+fn owning_database<K: kube::Resource>(object: &K) -> Option<ObjectRef<MyDatabase>> {
     let cluster = object.labels().get(names::CLUSTER_LABEL)?.clone();
     Some(ObjectRef::<MyDatabase>::new(&cluster).within(&object.namespace()?))
 }
@@ -143,21 +143,21 @@ pub async fn run(params: RunParams) {
     let (roles, role_events) = cache::watch(scoped_api::<Packed<Role>>(client, namespace), &managed, watch("Role"));
     let (role_bindings, role_binding_events) =
         cache::watch(scoped_api::<Packed<RoleBinding>>(client, namespace), &managed, watch("RoleBinding"));
-    let controller = Controller::for_stream(database_events, databases)
-        .owns_stream(statefulset_events)
-        .owns_stream(service_events)
-        .owns_stream(config_map_events)
-        .owns_stream(cron_job_events)
-        .owns_stream(disruption_budget_events)
-        .owns_stream(service_account_events)
-        .owns_stream(role_events)
-        .owns_stream(role_binding_events)
-        .watches_stream(secret_events, owning_database)
-        .watches_stream(job_events, owning_database)
-        .watches_stream(pod_events, owning_database)
-        .watches_stream(claim_events, owning_database)
-        .with_config(controller::Config::default().concurrency(concurrency))
-        .graceful_shutdown_on(stopped(shutdown));
+    let triggers = stream::select_all([
+        queue::trigger_self(database_events).boxed(),
+        queue::trigger_owners(statefulset_events).boxed(),
+        queue::trigger_owners(service_events).boxed(),
+        queue::trigger_owners(config_map_events).boxed(),
+        queue::trigger_owners(cron_job_events).boxed(),
+        queue::trigger_owners(disruption_budget_events).boxed(),
+        queue::trigger_owners(service_account_events).boxed(),
+        queue::trigger_owners(role_events).boxed(),
+        queue::trigger_owners(role_binding_events).boxed(),
+        queue::trigger_with(secret_events, owning_database).boxed(),
+        queue::trigger_with(job_events, owning_database).boxed(),
+        queue::trigger_with(pod_events, owning_database).boxed(),
+        queue::trigger_with(claim_events, owning_database).boxed(),
+    ]);
     let caches = observed::Caches {
         statefulsets,
         services,
@@ -172,12 +172,8 @@ pub async fn run(params: RunParams) {
         roles,
         role_bindings,
     };
-    drive(
-        controller,
-        Arc::new(reconcile::MyDatabaseReconciler { ctx, caches, primaries: Default::default() }),
-        on_synced,
-    )
-    .await;
+    let reconciler = Arc::new(reconcile::MyDatabaseReconciler { ctx, caches, primaries: Default::default() });
+    drive(databases, triggers, reconciler, concurrency, on_synced, shutdown).await;
 }
 
 #[cfg(test)]

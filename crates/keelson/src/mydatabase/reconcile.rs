@@ -544,8 +544,8 @@ async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Appl
 mod tests {
     use std::sync::Arc;
 
+    use crate::runtime::Action;
     use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
-    use kube::runtime::controller::Action;
     use serde_json::Value;
 
     use super::*;

@@ -26,13 +26,14 @@ pub struct Watching {
 
 /// A watch of `api` filtered by `labels`, cached without managedFields. It
 /// retries with backoff for ever and reports its failures to its health.
-/// Returns the cache and the stream of touched objects, which never carries
-/// an error. Children are watched as [`Packed`] objects, to keep the caches small.
+/// Returns the cache and the stream of its events (after the cache took
+/// them), which never carries an error: see `queue::trigger_*`. Children are
+/// watched as [`Packed`] objects, to keep the caches small.
 pub fn watch<K>(
     api: Api<K>,
     labels: &str,
     watching: Watching,
-) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+) -> (Store<K>, impl Stream<Item = watcher::Event<K>> + Send + 'static)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
@@ -50,13 +51,12 @@ where
         })
         .modify(|object| object.managed_fields_mut().clear())
         .reflect(writer)
-        .touched_objects()
-        // Each watch retries on its own, above. An error passed on to the
-        // controller would pause *all* its watches behind one shared backoff
-        // that grows to 30 s and re-arms on any watch's next error: with ten
-        // watches failing in turn after an API-server restart, the controller
-        // stayed blind for minutes.
-        .filter_map(|event| future::ready(event.ok().map(Ok)));
+        // Each watch retries on its own, above. Its errors are not passed on:
+        // kube's controller used to pause *all* its watches behind one shared
+        // backoff that grows to 30 s and re-arms on any watch's next error (with
+        // ten watches failing in turn after an API-server restart, it stayed
+        // blind for minutes).
+        .filter_map(|event| future::ready(event.ok()));
     (store, stream)
 }
 

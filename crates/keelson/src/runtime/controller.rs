@@ -7,10 +7,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use kube::runtime::Controller;
-use kube::runtime::controller::Action;
-use kube::runtime::reflector::Store;
+use super::queue::{self, Action};
+use futures::Stream;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 
@@ -53,8 +52,8 @@ pub async fn stopped(mut shutdown: watch::Receiver<bool>) {
 
 /// Calls `on_synced` once `store` has its first full list.
 ///
-/// kube-runtime's ready signal wakes only the last task that polled it, and the
-/// controller polls it too, so poll again on a short timer instead of waiting
+/// kube-runtime's ready signal wakes only the last task that polled it, and
+/// reconciles poll it too, so poll again on a short timer instead of waiting
 /// for a wake-up that may never come.
 async fn notify_when_synced<K>(store: Store<K>, on_synced: Box<dyn FnOnce() + Send>)
 where
@@ -70,14 +69,29 @@ where
     }
 }
 
-/// Runs a built controller through the pipeline until it shuts down.
+/// Runs a controller until it shuts down: the pipeline for every object
+/// `triggers` names, at most `concurrency` at once (see [`queue`]).
 pub async fn drive<R: Reconciler>(
-    controller: Controller<R::Object>,
+    store: Store<R::Object>,
+    triggers: impl Stream<Item = ObjectRef<R::Object>>,
     reconciler: Arc<R>,
+    concurrency: u16,
     on_synced: Box<dyn FnOnce() + Send>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    tokio::spawn(notify_when_synced(controller.store(), on_synced));
-    controller.run(instrumented::<R>, error_policy::<R>, reconciler).for_each(|_| futures::future::ready(())).await;
+    tokio::spawn(notify_when_synced(store.clone(), on_synced));
+    queue::run(store, triggers, concurrency.into(), stopped(shutdown), move |object| {
+        let reconciler = reconciler.clone();
+        // Boxed where it is made: a reconcile's future is large (a MyDatabase's most of all), and
+        // moved unboxed into its task it overflowed a test thread's stack in a debug build.
+        Box::pin(async move {
+            match instrumented(object.clone(), reconciler.clone()).await {
+                Ok(action) => action,
+                Err(error) => error_policy(object, &error, reconciler),
+            }
+        })
+    })
+    .await;
 }
 
 /// The longest one reconcile may take.

@@ -1,5 +1,5 @@
-//! What both controllers share: the reconcile pipeline and its applier,
-//! watch caches, child metadata, context, metrics, health endpoints, leader
+//! What both controllers share: the reconcile queue, the pipeline and its
+//! applier, watch caches, child metadata, context, metrics, health endpoints, leader
 //! election and the RBAC declarations.
 
 pub mod apply;
@@ -20,6 +20,7 @@ pub mod packed;
 pub mod permissions;
 pub mod pipeline;
 pub mod pods;
+pub mod queue;
 pub mod report;
 pub mod security;
 pub mod status;
@@ -29,6 +30,7 @@ pub use context::{Context, FIELD_MANAGER, Settings};
 pub use metrics::Metrics;
 pub use outcome::{Invalid, Outcome};
 pub use pipeline::Reconciler;
+pub use queue::Action;
 
 /// An API for `K` in `namespace`, or across all namespaces.
 pub fn scoped_api<K>(client: &kube::Client, namespace: Option<&str>) -> kube::Api<K>

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use kube::runtime::controller::Action;
+use super::queue::Action;
 
 use crate::{Error, Result};
 

@@ -15,8 +15,8 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
 
+use super::queue::Action;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;

@@ -12,16 +12,15 @@ pub mod status;
 
 use std::sync::Arc;
 
+use futures::{StreamExt, stream};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use kube::runtime::Controller;
-use kube::runtime::controller;
 
 use crate::api::WebApp;
 use crate::runtime::cache::{self, Packed};
-use crate::runtime::controller::{ControllerDef, RunParams, drive, stopped};
+use crate::runtime::controller::{ControllerDef, RunParams, drive};
 use crate::runtime::permissions::Permission;
-use crate::runtime::{meta, scoped_api};
+use crate::runtime::{meta, queue, scoped_api};
 
 /// The WebApp controller, for the operator's table.
 pub const CONTROLLER: ControllerDef =
@@ -53,13 +52,13 @@ pub async fn run(params: RunParams) {
         cache::watch(scoped_api::<Packed<Deployment>>(&ctx.client, namespace), &managed, watch("Deployment"));
     let (services, service_events) =
         cache::watch(scoped_api::<Packed<Service>>(&ctx.client, namespace), &managed, watch("Service"));
-    let controller = Controller::for_stream(app_events, apps)
-        .owns_stream(deployment_events)
-        .owns_stream(service_events)
-        .with_config(controller::Config::default().concurrency(concurrency))
-        .graceful_shutdown_on(stopped(shutdown));
+    let triggers = stream::select_all([
+        queue::trigger_self(app_events).boxed(),
+        queue::trigger_owners(deployment_events).boxed(),
+        queue::trigger_owners(service_events).boxed(),
+    ]);
     let reconciler = Arc::new(reconcile::WebAppReconciler { ctx, caches: observed::Caches { deployments, services } });
-    drive(controller, reconciler, on_synced).await;
+    drive(apps, triggers, reconciler, concurrency, on_synced, shutdown).await;
 }
 
 #[cfg(test)]

@@ -91,9 +91,9 @@ impl Reconciler for WebAppReconciler {
 mod tests {
     use std::sync::Arc;
 
+    use crate::runtime::Action;
     use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
     use k8s_openapi::api::core::v1::Service;
-    use kube::runtime::controller::Action;
 
     use super::*;
     use crate::runtime::drift::stamp_desired_hash;
