@@ -262,7 +262,8 @@ pub fn markdown(results: &Value) -> String {
            through a `tokio_util` `DelayQueue` that rounds its deadline up to the next millisecond and\n\
            waits for tokio's timer: that alone took p50 2.1 ms on this machine (mean 2.41 ms inside\n\
            the operator at N=1000 before the change), where a trigger now goes straight to the ready\n\
-           list. A child whose cached copy shows Keelson's last write is written back\n\
+           list, so the reaction's tail is the API server's: its watch dispatch and the request's\n\
+           way in. A child whose cached copy shows Keelson's last write is written back\n\
            without reading it first, and a new WebApp's children are created without one (the\n\
            cache holds every child with Keelson's labels): 2000 GETs fewer at N=1000.\n\
          - Memory (issue 15): each controller caches only its own children (the MyDatabase\n\
@@ -386,33 +387,27 @@ fn cpu_account(direct: &Value, operator: &Value) -> (String, String) {
         operator["machine_busy_cores"],
         operator["machine_cores"],
     );
-    let more = |name: &str| {
-        seconds(operator_by, name).zip(seconds(direct_by, name)).map_or(0.0, |(operator, direct)| operator - direct)
-    };
     let text = format!(
-        "- Convergence is bounded by the machine's CPU. In both runs its cores are busy ({} and {} of\n\
-  {} cores), so a run lasts as long as the CPU the cluster needs for it, and the ratio follows\n\
-  the ratio of the CPU totals ({} and {} core-seconds). The operator's own process is {:.1} of\n\
-  them; the API server spends {:.1} more, the controller manager {:.1} and etcd {:.1} more. That is\n\
-  the work Kubernetes does for a custom resource with owned children: it stores each WebApp and\n\
-  its status write, applies each child, sends every change of every child to the operator's\n\
-  watches, and its garbage collector follows each owner reference. Measured alone on this machine\n\
-  (500 requests, 16 at once, controller manager stopped), the API server's CPU per request: a\n\
-  WebApp's creation 1.7 ms, its status patch about 3 ms, a GET 1.3 ms, a Deployment's\n\
-  server-side apply 3.5 ms against 2.1 ms for a create, a Service's 8-13 ms against 6-10 ms. So\n\
-  the operator's requests beyond the direct run's cost the API server about 10 ms per WebApp\n\
-  (server-side apply about 4 ms of it); the rest of its extra CPU goes to what the other\n\
-  components and watches do about them. The ratio goal would need the whole difference under a\n\
-  tenth of the direct run's CPU.\n",
+        "- Convergence is bounded by the machine's CPU: in both runs its cores are busy ({} and {} of\n\
+  {} cores), so a run lasts as long as the CPU the cluster needs for it, and the ratio follows the\n\
+  ratio of the CPU totals ({} and {} core-seconds; by process in the row above, the operator's\n\
+  own {:.1}). Measured alone on this machine (500 requests, 16 at once, controller manager\n\
+  stopped), the API server's CPU per request: a WebApp's creation 1.7 ms, its status patch about\n\
+  3 ms, a GET 1.3 ms, a Deployment's server-side apply 3.5 ms against 2.1 ms for a create, a\n\
+  Service's 8-13 ms against 6-10 ms. So the operator's requests beyond the direct run's cost the\n\
+  API server about 10 ms per WebApp (server-side apply about 4 ms of it), 10 core-seconds at\n\
+  N=1000. The rest of a difference is what the other components do, and it varies more from run\n\
+  to run than the operator's share. Three runs of the same code at N=1000, 3000 writes each,\n\
+  spent 80, 101 and 107 core-seconds (41.0, 51.6 and 53.9 s: ratio 1.06, 1.26 and 1.36, the\n\
+  last with reads audited too) against 76-80 for the direct runs before them. Before Keelson had\n\
+  its own reconcile queue, runs spent 131-135 core-seconds (63-69 s, ratio 1.37-1.70, with\n\
+  600-2500 GETs) against 77-90.\n",
         direct["machine_busy_cores"],
         operator["machine_busy_cores"],
         operator["machine_cores"],
         direct["total_s"],
         operator["total_s"],
         seconds(operator_by, "keelson").unwrap_or(0.0),
-        more("kube-apiserver"),
-        more("kube-controller-manager"),
-        more("etcd"),
     );
     (row, text)
 }
