@@ -28,7 +28,7 @@ use rand::Rng;
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use measure::{CpuAccount, ProcessSampler, Summary};
+use measure::{CpuAccount, ProcessSampler, Summary, round};
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark an operator on the local control plane")]
@@ -277,19 +277,17 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // 1. Lower bound, on an otherwise empty cluster.
-    let mut direct_cpu = None;
-    let (direct_s, direct_curve) = if args.no_direct {
+    let (direct_s, direct_curve, direct_cpu) = if args.no_direct {
         eprintln!("[bench] direct: skipped (--no-direct)");
-        (None, Vec::new())
+        (None, Vec::new(), None)
     } else {
         eprintln!("[bench] direct: {} Deployments + Services without an operator", args.n);
-        let account = args.cluster_dir.as_deref().map(CpuAccount::of_cluster);
-        let before = account.as_ref().map(CpuAccount::read);
+        let account = args.cluster_dir.as_deref().map(|dir| CpuAccount::start(dir, None));
         let (direct_s, direct_curve) = direct(&client, args.n).await?;
-        direct_cpu = account.zip(before).map(|(account, before)| account.between(&before, &account.read()));
+        let direct_cpu = account.map(|account| account.so_far());
         eprintln!("[bench] direct: all available after {direct_s:.1}s; CPU {}", direct_cpu.clone().unwrap_or_default());
         delete_namespace(&client, DIRECT_NS).await?;
-        (Some(direct_s), direct_curve)
+        (Some(direct_s), direct_curve, direct_cpu)
     };
     let ratio = |convergence_s: f64| direct_s.map(|direct_s| convergence_s / direct_s);
 
@@ -305,8 +303,7 @@ async fn main() -> anyhow::Result<()> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), APPS_NS);
     let services: Api<Service> = Api::namespaced(client.clone(), APPS_NS);
     let cpu_before = sampler.cpu_seconds();
-    let account = args.cluster_dir.as_deref().map(|dir| CpuAccount::of_cluster(dir).with("keelson", operator.pid()));
-    let account_before = account.as_ref().map(CpuAccount::read);
+    let account = args.cluster_dir.as_deref().map(|dir| CpuAccount::start(dir, Some(operator.pid())));
     let start = Instant::now();
     let converging_since = chrono::Utc::now();
     let running = tokio::spawn(converge(apps.clone(), args.n, start, convergence_timeout(args.n), |a: &WebApp| {
@@ -326,7 +323,7 @@ async fn main() -> anyhow::Result<()> {
     let children_s =
         deployed.await??.last().copied().unwrap_or(0.0).max(serviced.await??.last().copied().unwrap_or(0.0));
     let cpu_s = sampler.cpu_seconds() - cpu_before;
-    let operator_cpu = account.zip(account_before).map(|(account, before)| account.between(&before, &account.read()));
+    let operator_cpu = account.map(|account| account.so_far());
     let rss_peak_mb = sampler.peak_rss_mb();
     eprintln!(
         "[bench] operator: {} WebApps Running after {convergence_s:.1}s (children after {children_s:.1}s); ratio {}",
@@ -605,8 +602,4 @@ type ReplicaHistory = BTreeMap<String, Vec<(i32, Instant)>>;
 /// minutes on 2 cores).
 fn convergence_timeout(n: usize) -> Duration {
     Duration::from_secs(1200).max(Duration::from_millis(300 * n as u64))
-}
-
-fn round(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }

@@ -204,54 +204,45 @@ fn cpu_seconds(pid: u32) -> f64 {
 const CONTROL_PLANE: [&str; 5] = ["kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok"];
 
 /// Where a phase's CPU went: each control-plane process and the operator,
-/// and how busy the whole machine was. On a machine whose cores are all busy
-/// a phase lasts as long as the CPU it needs, so this says what a
-/// convergence time is made of.
+/// and how busy the whole machine was, from the account's start. On a machine
+/// whose cores are all busy a phase lasts as long as the CPU it needs, so this
+/// says what a convergence time is made of.
 pub struct CpuAccount {
     processes: Vec<(String, u32)>,
+    start: CpuReading,
 }
 
-/// One reading of a [`CpuAccount`].
-pub struct CpuReading {
+struct CpuReading {
     at: std::time::Instant,
     by_process: Vec<f64>,
     machine: (f64, f64),
 }
 
 impl CpuAccount {
-    /// The control plane of the cluster in `dir` (pids it cannot read are left out).
-    pub fn of_cluster(dir: &Path) -> Self {
-        let processes = CONTROL_PLANE
+    /// Starts counting for the control plane of the cluster in `dir` (pids it
+    /// cannot read are left out) and, if given, the operator.
+    pub fn start(dir: &Path, operator: Option<u32>) -> Self {
+        let mut processes: Vec<(String, u32)> = CONTROL_PLANE
             .iter()
             .filter_map(|name| {
                 let pid = std::fs::read_to_string(dir.join(format!("{name}.pid"))).ok()?.trim().parse().ok()?;
                 Some((name.to_string(), pid))
             })
             .collect();
-        Self { processes }
+        processes.extend(operator.map(|pid| ("keelson".to_string(), pid)));
+        let start = read(&processes);
+        Self { processes, start }
     }
 
-    pub fn with(mut self, name: &str, pid: u32) -> Self {
-        self.processes.push((name.into(), pid));
-        self
-    }
-
-    pub fn read(&self) -> CpuReading {
-        CpuReading {
-            at: std::time::Instant::now(),
-            by_process: self.processes.iter().map(|(_, pid)| cpu_seconds(*pid)).collect(),
-            machine: machine_ticks(),
-        }
-    }
-
-    /// CPU seconds by process between two readings, their total, the seconds
-    /// between them and the machine's busy cores over that time, as JSON.
-    pub fn between(&self, before: &CpuReading, after: &CpuReading) -> Value {
+    /// CPU seconds by process since the start, their total, the seconds since
+    /// and the machine's busy cores over that time, as JSON.
+    pub fn so_far(&self) -> Value {
+        let (before, after) = (&self.start, read(&self.processes));
         let by_process: serde_json::Map<String, Value> = self
             .processes
             .iter()
             .zip(before.by_process.iter().zip(&after.by_process))
-            .map(|((name, _), (b, a))| (name.clone(), json!(round2(a - b))))
+            .map(|((name, _), (b, a))| (name.clone(), json!(round(a - b))))
             .collect();
         let total: f64 = before.by_process.iter().zip(&after.by_process).map(|(b, a)| a - b).sum();
         let ((busy_before, all_before), (busy_after, all_after)) = (before.machine, after.machine);
@@ -263,11 +254,19 @@ impl CpuAccount {
         };
         json!({
             "by_process": by_process,
-            "total_s": round2(total),
-            "seconds": round2(after.at.duration_since(before.at).as_secs_f64()),
-            "machine_busy_cores": round2(busy_cores),
+            "total_s": round(total),
+            "seconds": round(after.at.duration_since(before.at).as_secs_f64()),
+            "machine_busy_cores": round(busy_cores),
             "machine_cores": cores,
         })
+    }
+}
+
+fn read(processes: &[(String, u32)]) -> CpuReading {
+    CpuReading {
+        at: std::time::Instant::now(),
+        by_process: processes.iter().map(|(_, pid)| cpu_seconds(*pid)).collect(),
+        machine: machine_ticks(),
     }
 }
 
@@ -282,7 +281,8 @@ fn machine_ticks() -> (f64, f64) {
     (all - idle, all)
 }
 
-fn round2(x: f64) -> f64 {
+/// Two decimals, as results.json keeps figures.
+pub fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
