@@ -69,8 +69,22 @@ enum ManifestKind {
     },
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// Stack of each runtime thread. A MyDatabase reconcile polled in a debug build
+/// (`make run`) can need more than the 2 MiB default: its future is ~120 KB and
+/// unoptimised poll frames keep every temporary. Only touched pages cost memory.
+const THREAD_STACK: usize = 8 << 20;
+
+fn main() -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread().enable_all().thread_stack_size(THREAD_STACK).build() {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(error) => {
+            eprintln!("keelson: cannot start the async runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => match keelson::operator::run(args).await {
