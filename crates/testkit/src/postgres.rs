@@ -66,9 +66,29 @@ pub fn chown_postgres(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A free TCP port on 127.0.0.1.
+/// Where [`free_port`] looks: below the kernel's ephemeral ports (32768 and up by
+/// default), which every outgoing connection takes its local port from, above
+/// the local cluster's own (10000-19999, `hack/cluster/lib.sh`: a component
+/// restarted by a test must find its port again), below the NodePorts (30000).
+const PORTS: std::ops::Range<u16> = 20000..30000;
+
+/// A TCP port on 127.0.0.1 that is free now and that no other caller in this
+/// process was given. A port from the ephemeral range (`bind(":0")`) could be
+/// taken by any outgoing connection between this check and the server's own
+/// bind; these cannot. Other processes start elsewhere in the range (by pid).
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static GIVEN: AtomicU32 = AtomicU32::new(0);
+    let span = u32::from(PORTS.end - PORTS.start);
+    let start = std::process::id().wrapping_mul(97) % span;
+    for _ in 0..span {
+        let offset = (start + GIVEN.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = PORTS.start + u16::try_from(offset).unwrap_or_default();
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port on 127.0.0.1 in {PORTS:?}")
 }
 
 /// Runs `program args` as the `postgres` user with `env`.
@@ -150,5 +170,23 @@ impl Drop for Server {
             &["-D", &self.data.to_string_lossy(), "-m", "immediate", "-w", "stop"],
             &[],
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_outside_the_ephemeral_range_and_bindable() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port().expect("a port")).collect();
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        for port in ports {
+            assert!(PORTS.contains(&port), "{port}");
+            TcpListener::bind(("127.0.0.1", port)).expect("still free");
+        }
     }
 }
