@@ -103,6 +103,19 @@ async fn kubectl_scale_deployment_is_taken_back() -> anyhow::Result<()> {
     wait_for_event(&ns, "DriftCorrected", "spec.replicas was 10, set back to 3").await?;
     assert!(operator.counter("keelson_drift_corrections_total") >= 1);
     wait_for(&ns.api::<WebApp>(), "sandy-app", "Running 3/3 again", DEFAULT_TIMEOUT, is_running_with(3)).await?;
+    // The revert (a one-field merge patch) left spec.replicas to Keelson alone: kubectl owns nothing,
+    // and the next spec change still reaches the Deployment.
+    let reverted = deployments.get("sandy-app").await?;
+    let owners: Vec<String> = reverted
+        .managed_fields()
+        .iter()
+        .filter(|entry| entry.fields_v1.as_ref().is_some_and(|f| f.0.pointer("/f:spec/f:replicas").is_some()))
+        .map(|entry| entry.manager.clone().unwrap_or_default())
+        .collect();
+    assert!(!owners.is_empty() && owners.iter().all(|m| m == "keelson"), "spec.replicas owned by {owners:?}");
+    let scale_up = json!({"spec": {"replicas": 4}});
+    ns.api::<WebApp>().patch("sandy-app", &PatchParams::default(), &Patch::Merge(&scale_up)).await?;
+    wait_for(&deployments, "sandy-app", "replicas at 4 from the spec", DEFAULT_TIMEOUT, deployment_replicas(4)).await?;
     Ok(())
 }
 

@@ -42,6 +42,8 @@ impl<K: Object + Serialize + DeserializeOwned> Child for K {}
 pub struct Applier<'a> {
     ctx: &'a Context,
     owner: ObjectReference,
+    /// `Kind/namespace/name`, under which this owner's writes are remembered.
+    owner_key: String,
     namespace: String,
     /// A deleted child of an object reconciled before is drift, not a creation.
     reconciled_before: bool,
@@ -53,6 +55,7 @@ impl<'a> Applier<'a> {
         Self {
             ctx,
             owner: owner.object_ref(&()),
+            owner_key: super::controller::object_key(owner),
             namespace: owner.namespace().unwrap_or_default(),
             reconciled_before,
             outcome: Mutex::new(Outcome::default()),
@@ -158,7 +161,7 @@ impl<'a> Applier<'a> {
 
     /// Deletes a child; one already gone is not an error. True when it is gone or going.
     pub async fn delete<K: Child>(&self, name: &str, params: &DeleteParams) -> bool {
-        self.ctx.own_writes.forget(&format!("{}/{}/{name}", K::kind(&()), self.namespace));
+        self.ctx.own_writes.forget(&self.owner_key, &format!("{}/{}/{name}", K::kind(&()), self.namespace));
         match self.api::<K>().delete(name, params).await {
             Ok(_) => {
                 tracing::info!(namespace = %self.namespace, owner = ?self.owner.name, child = name, "deleted {}", K::kind(&()));
@@ -230,7 +233,7 @@ impl<'a> Applier<'a> {
         }
         let api = self.api::<K>();
         let cached_version = cached.as_ref().and_then(|c| c.resource_version());
-        let change = if self.ctx.own_writes.caught_up(&key, cached_version.as_deref()) {
+        let change = if self.ctx.own_writes.caught_up(&self.owner_key, &key, cached_version.as_deref()) {
             // The drift was seen in this cached copy: how long it waited here is ours to keep short.
             if let (ChildChange::DriftCorrected(_), Some(arrived)) = (&change, arrived) {
                 self.ctx
@@ -240,7 +243,7 @@ impl<'a> Applier<'a> {
                     .observe(arrived.elapsed().as_secs_f64());
             }
             change
-        } else if cached.is_none() && !self.reconciled_before && !self.ctx.own_writes.wrote(&key) {
+        } else if cached.is_none() && !self.reconciled_before && !self.ctx.own_writes.wrote(&self.owner_key, &key) {
             change
         } else {
             let actual = api.get_opt(&name).await.map_err(Error::kube(format!("get {kind} {name}")))?;
@@ -256,15 +259,26 @@ impl<'a> Applier<'a> {
         // one, or be refused as a duplicate. A JSON merge patch replaces each
         // list Keelson sets whole, so such drift is set back exactly; maps
         // (labels, annotations) still merge. Other drift stays with apply.
+        //
+        // A changed replica count alone goes back by a merge patch of that one
+        // field, the cheapest write the API server takes (`make bench`, p50:
+        // 3.9 ms against 5.0 ms for a whole-object apply). It leaves the field owned by a
+        // second entry of Keelson's (`Update` beside `Apply`); that entry could
+        // only keep a field the spec stopped asking for, and every builder sets
+        // `spec.replicas` on every apply.
+        let update = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
         let patch = match &change {
+            ChildChange::DriftCorrected(drifts) if matches!(drifts.as_slice(), [only] if only.is_replica_count()) => {
+                let replicas = drifts.first().map(|drift| drift.desired.clone()).unwrap_or_default();
+                api.patch(&name, &update, &Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}}))).await
+            }
             ChildChange::DriftCorrected(drifts) if drifts.iter().any(FieldDrift::in_list_entry) => {
-                let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-                api.patch(&name, &params, &Patch::Merge(&desired)).await
+                api.patch(&name, &update, &Patch::Merge(&desired)).await
             }
             _ => api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await,
         };
         let applied = patch.map_err(Error::kube(format!("apply {kind} {name}")))?;
-        self.ctx.own_writes.record(key, applied.resource_version());
+        self.ctx.own_writes.record(&self.owner_key, key, applied.resource_version());
         Ok((applied, change))
     }
 }

@@ -165,6 +165,18 @@ impl StatusWrites {
         })
     }
 
+    /// Forgets an object that is gone.
+    pub fn forget(&self, key: &str) {
+        self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(key);
+        self.converging.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).seen.remove(key);
+    }
+
+    /// How many objects have a status write recorded.
+    #[cfg(test)]
+    pub fn recorded(&self) -> usize {
+        self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
+    }
+
     /// How long ago the last write was, if there was one.
     pub fn since(&self, key: &str) -> Option<Duration> {
         self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(key).map(|w| w.at.elapsed())
@@ -180,32 +192,62 @@ impl StatusWrites {
 /// that is not a number counts as not caught up.
 #[derive(Default)]
 pub struct OwnWrites {
-    versions: Mutex<HashMap<String, String>>,
+    /// Owner key (`Kind/namespace/name`) → child key → version: an owner's
+    /// children are forgotten with it.
+    versions: Mutex<HashMap<String, HashMap<String, String>>>,
 }
 
 impl OwnWrites {
-    pub fn record(&self, key: String, version: Option<String>) {
-        let mut versions = self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    fn versions(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, String>>> {
+        self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn record(&self, owner: &str, key: String, version: Option<String>) {
+        let mut versions = self.versions();
         match version {
-            Some(version) => versions.insert(key, version),
-            None => versions.remove(&key),
-        };
+            Some(version) => {
+                versions.entry(owner.to_owned()).or_default().insert(key, version);
+            }
+            None => Self::remove(&mut versions, owner, &key),
+        }
     }
 
     /// Whether a cached copy at `cached` shows our last write (false when we never wrote).
-    pub fn caught_up(&self, key: &str, cached: Option<&str>) -> bool {
-        let versions = self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        versions.get(key).is_some_and(|ours| version_at_least(cached, ours))
+    pub fn caught_up(&self, owner: &str, key: &str, cached: Option<&str>) -> bool {
+        self.versions()
+            .get(owner)
+            .and_then(|children| children.get(key))
+            .is_some_and(|ours| version_at_least(cached, ours))
     }
 
     /// Whether this process has written the child (and not deleted it since).
-    pub fn wrote(&self, key: &str) -> bool {
-        self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains_key(key)
+    pub fn wrote(&self, owner: &str, key: &str) -> bool {
+        self.versions().get(owner).is_some_and(|children| children.contains_key(key))
     }
 
     /// Forgets a child that was deleted.
-    pub fn forget(&self, key: &str) {
-        self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(key);
+    pub fn forget(&self, owner: &str, key: &str) {
+        Self::remove(&mut self.versions(), owner, key);
+    }
+
+    /// Forgets every child of an owner that is gone.
+    pub fn forget_owner(&self, owner: &str) {
+        self.versions().remove(owner);
+    }
+
+    fn remove(versions: &mut HashMap<String, HashMap<String, String>>, owner: &str, key: &str) {
+        if let Some(children) = versions.get_mut(owner) {
+            children.remove(key);
+            if children.is_empty() {
+                versions.remove(owner);
+            }
+        }
+    }
+
+    /// How many owners have children recorded.
+    #[cfg(test)]
+    pub fn owners(&self) -> usize {
+        self.versions().len()
     }
 }
 
@@ -243,6 +285,18 @@ impl Context {
             own_writes: OwnWrites::default(),
             status_writes: StatusWrites::default(),
         })
+    }
+
+    /// Forgets what this process kept about an object that is gone (deleted,
+    /// or never seen): its status writes, its children's versions, its backoff.
+    /// Forgetting a live object is safe: its next status is written again, its
+    /// children are read before they are written, its next failure starts anew.
+    pub fn forget_object(&self, controller: &str, kind: &str, namespace: Option<&str>, name: &str) {
+        use super::controller::key;
+        let object = key(kind, namespace, name);
+        self.status_writes.forget(&key(controller, namespace, name));
+        self.own_writes.forget_owner(&object);
+        self.backoff.reset(&object);
     }
 
     /// Publishes an Event on `regarding` in the background, off the reconcile's
@@ -347,17 +401,31 @@ mod own_writes_tests {
     #[test]
     fn a_cache_has_caught_up_once_it_shows_our_last_write_or_later() {
         let writes = OwnWrites::default();
-        let key = "Deployment/ns/app";
-        assert!(!writes.caught_up(key, None), "never written by us: read it to be sure");
-        writes.record(key.into(), Some("10".into()));
-        assert!(!writes.caught_up(key, None), "our create is not in the cache yet");
-        assert!(!writes.caught_up(key, Some("9")), "the cache is older than our write");
-        assert!(writes.caught_up(key, Some("10")));
-        assert!(writes.caught_up(key, Some("11")), "someone changed it after us");
-        writes.record(key.into(), Some("opaque".into()));
-        assert!(!writes.caught_up(key, Some("12")), "not a number: read it to be sure");
-        writes.forget(key);
-        assert!(!writes.caught_up(key, Some("12")), "forgotten");
+        let (owner, key) = ("WebApp/ns/app", "Deployment/ns/app");
+        assert!(!writes.caught_up(owner, key, None), "never written by us: read it to be sure");
+        writes.record(owner, key.into(), Some("10".into()));
+        assert!(!writes.caught_up(owner, key, None), "our create is not in the cache yet");
+        assert!(!writes.caught_up(owner, key, Some("9")), "the cache is older than our write");
+        assert!(writes.caught_up(owner, key, Some("10")));
+        assert!(writes.caught_up(owner, key, Some("11")), "someone changed it after us");
+        writes.record(owner, key.into(), Some("opaque".into()));
+        assert!(!writes.caught_up(owner, key, Some("12")), "not a number: read it to be sure");
+        writes.forget(owner, key);
+        assert!(!writes.caught_up(owner, key, Some("12")), "forgotten");
+        assert_eq!(writes.owners(), 0, "an owner without children is not kept");
+    }
+
+    #[test]
+    fn an_owner_that_is_gone_takes_its_children_with_it() {
+        let writes = OwnWrites::default();
+        writes.record("WebApp/ns/a", "Deployment/ns/a".into(), Some("1".into()));
+        writes.record("WebApp/ns/a", "Service/ns/a-service".into(), Some("2".into()));
+        writes.record("WebApp/ns/b", "Deployment/ns/b".into(), Some("3".into()));
+        writes.forget_owner("WebApp/ns/a");
+        assert!(!writes.wrote("WebApp/ns/a", "Deployment/ns/a"));
+        assert!(!writes.wrote("WebApp/ns/a", "Service/ns/a-service"));
+        assert!(writes.wrote("WebApp/ns/b", "Deployment/ns/b"), "another owner's children stay");
+        assert_eq!(writes.owners(), 1);
     }
 }
 
@@ -378,6 +446,12 @@ impl Backoff {
         *count = count.saturating_add(1);
         let factor = 2u32.saturating_pow(count.saturating_sub(1).min(20));
         Self::BASE.saturating_mul(factor).min(Self::MAX)
+    }
+
+    /// How many objects have failures counted.
+    #[cfg(test)]
+    pub fn failing(&self) -> usize {
+        self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
     }
 
     pub fn reset(&self, key: &str) {

@@ -41,8 +41,14 @@ pub struct ControllerDef {
     pub run: fn(RunParams) -> Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
+/// `Kind/namespace/name`: how the backoff and [`super::context::OwnWrites`] know an object.
 pub fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
-    format!("{}/{}/{}", K::kind(&()), object.namespace().unwrap_or_default(), object.name_any())
+    key(&K::kind(&()), object.namespace().as_deref(), &object.name_any())
+}
+
+/// `prefix/namespace/name`, the one shape of every per-object key this process keeps.
+pub fn key(prefix: &str, namespace: Option<&str>, name: &str) -> String {
+    format!("{prefix}/{}/{name}", namespace.unwrap_or_default())
 }
 
 /// Resolves once `shutdown` turns true.
@@ -80,17 +86,33 @@ pub async fn drive<R: Reconciler>(
     shutdown: watch::Receiver<bool>,
 ) {
     tokio::spawn(notify_when_synced(store.clone(), on_synced));
-    queue::run(store, triggers, concurrency.into(), stopped(shutdown), move |object| {
-        let reconciler = reconciler.clone();
-        // Boxed where it is made: a reconcile's future is large (a MyDatabase's most of all), and
-        // moved unboxed into its task it overflowed a test thread's stack in a debug build.
-        Box::pin(async move {
-            match instrumented(object.clone(), reconciler.clone()).await {
-                Ok(action) => action,
-                Err(error) => error_policy(object, &error, reconciler),
-            }
-        })
-    })
+    let forgetting = reconciler.clone();
+    let gone = move |object: &ObjectRef<R::Object>| {
+        forgetting.context().forget_object(
+            R::CONTROLLER,
+            &R::Object::kind(&()),
+            object.namespace.as_deref(),
+            &object.name,
+        );
+    };
+    queue::run(
+        store,
+        triggers,
+        concurrency.into(),
+        stopped(shutdown),
+        move |object| {
+            let reconciler = reconciler.clone();
+            // Boxed where it is made: a reconcile's future is large (a MyDatabase's most of all), and
+            // moved unboxed into its task it overflowed a test thread's stack in a debug build.
+            Box::pin(async move {
+                match instrumented(object.clone(), reconciler.clone()).await {
+                    Ok(action) => action,
+                    Err(error) => error_policy(object, &error, reconciler),
+                }
+            })
+        },
+        gone,
+    )
     .await;
 }
 

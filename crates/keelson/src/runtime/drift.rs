@@ -25,6 +25,12 @@ impl FieldDrift {
         self.path.contains('[')
     }
 
+    /// True for a changed replica count (`kubectl scale`, an autoscaler), the drift
+    /// a one-field patch can take back: every builder sets `spec.replicas` on every apply.
+    pub fn is_replica_count(&self) -> bool {
+        self.path == "spec.replicas"
+    }
+
     /// The path without list keys, a bounded label for metrics.
     pub fn field(&self) -> String {
         let mut out = String::with_capacity(self.path.len());

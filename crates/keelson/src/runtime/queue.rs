@@ -129,7 +129,7 @@ impl<T: Clone + Eq + Hash> Queue<T> {
 }
 
 /// Reconciles every object `triggers` names (looked up in `store`; one gone
-/// meanwhile is skipped), as the queue orders them, until `shutdown`; then
+/// meanwhile is skipped and handed to `gone`), as the queue orders them, until `shutdown`; then
 /// lets the running reconciles end. Nothing starts before the store has its
 /// first full list: the objects of that list are triggered while it is being
 /// read, before the store holds them.
@@ -139,6 +139,7 @@ pub async fn run<K, F, Fut>(
     concurrency: usize,
     shutdown: impl Future<Output = ()>,
     reconcile: F,
+    gone: impl Fn(&ObjectRef<K>),
 ) where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     F: Fn(Arc<K>) -> Fut,
@@ -163,7 +164,10 @@ pub async fn run<K, F, Fut>(
                     let reconciling = AssertUnwindSafe(reconcile(object)).catch_unwind();
                     running.spawn(async move { (item, reconciling.await) });
                 }
-                None => queue.finished(&item, None),
+                None => {
+                    gone(&item);
+                    queue.finished(&item, None);
+                }
             }
         }
         let timer = async {
@@ -346,6 +350,8 @@ mod tests {
         let (tx, rx) = futures::channel::mpsc::unbounded();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let recorder = seen.clone();
+        let forgotten = Arc::new(Mutex::new(Vec::new()));
+        let forgetting = forgotten.clone();
         let running = tokio::spawn(run(
             reader,
             rx,
@@ -359,6 +365,9 @@ mod tests {
                     recorder.lock().unwrap_or_else(|p| p.into_inner()).push(object.metadata.name.clone());
                     Action::await_change()
                 }
+            },
+            move |gone: &ObjectRef<ConfigMap>| {
+                forgetting.lock().unwrap_or_else(|p| p.into_inner()).push(gone.name.clone())
             },
         ));
         for name in ["gone", "here"] {
@@ -376,6 +385,7 @@ mod tests {
         let _ = stop.send(());
         tokio::time::timeout(Duration::from_secs(10), running).await.expect("ended").expect("no panic");
         assert_eq!(*seen.lock().unwrap_or_else(|p| p.into_inner()), [Some("here".to_string())]);
+        assert_eq!(*forgotten.lock().unwrap_or_else(|p| p.into_inner()), ["gone"], "the deleted one is handed on");
     }
 
     #[tokio::test]

@@ -151,22 +151,40 @@ mod tests {
         assert_eq!(child_reads(), 2);
     }
 
-    #[tokio::test]
-    async fn a_webapp_on_its_way_for_a_while_gets_its_progress_written_once() {
+    /// A WebApp first found on its way a settle time ago (its creation time does not count: it
+    /// may have waited in the queue, and then converge at once), reconciled once.
+    async fn reconciled_on_its_way_for_a_while() -> (WebApp, FakeApi, Arc<WebAppReconciler>) {
         let app = sample();
         let (api, client) = FakeApi::new(&app);
         let reconciler = reconciler(client, vec![], vec![]);
-        // First found on its way a settle time ago (its creation time does not count: it may
-        // have waited in the queue, and then converge at once).
         let long_ago = std::time::Instant::now() - pipeline::STATUS_SETTLE;
         reconciler.ctx.status_writes.note_converging_at("webapp/default/sandy-app", true, long_ago);
         pipeline::reconcile(Arc::new(app.clone()), reconciler.clone()).await.expect("reconciles");
+        (app, api, reconciler)
+    }
+
+    #[tokio::test]
+    async fn a_webapp_on_its_way_for_a_while_gets_its_progress_written_once() {
+        let (app, api, reconciler) = reconciled_on_its_way_for_a_while().await;
         let statuses = api.status_writes();
         assert_eq!(statuses.len(), 1);
         assert_eq!(statuses[0].body["status"]["phase"], "Scaling");
         // Again at once: held, our last write was just now.
         pipeline::reconcile(Arc::new(app), reconciler).await.expect("reconciles");
         assert_eq!(api.status_writes().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_webapp_that_is_gone_is_forgotten() {
+        let (app, api, reconciler) = reconciled_on_its_way_for_a_while().await;
+        assert_eq!((api.status_writes().len(), api.applies().len()), (1, 2));
+        let ctx = &reconciler.ctx;
+        ctx.backoff.next_delay(&crate::runtime::controller::object_key(&app));
+        let kept = || (ctx.status_writes.recorded(), ctx.own_writes.owners(), ctx.backoff.failing());
+        assert_eq!(kept(), (1, 1, 1));
+        // What the queue does when the WebApp's key names nothing in the cache any more.
+        ctx.forget_object(CONTROLLER, "WebApp", app.metadata.namespace.as_deref(), "sandy-app");
+        assert_eq!(kept(), (0, 0, 0));
     }
 
     #[tokio::test]
@@ -208,9 +226,13 @@ mod tests {
         api.answer("GET", "/deployments/sandy-app", 200, serde_json::to_value(&drifted).expect("json"));
         let reconciler = reconciler(client, vec![drifted], vec![service]);
         pipeline::reconcile(Arc::new(app), reconciler.clone()).await.expect("reconciles");
-        assert_eq!(api.applies(), ["deployments/sandy-app"]);
-        let sent = api.requests().into_iter().find(|r| r.is_apply()).expect("apply");
-        assert_eq!(sent.body["spec"]["replicas"], 3);
+        // The one field goes back by a merge patch under Keelson's field manager.
+        let writes = api.writes();
+        assert_eq!(writes.len(), 1, "{writes:?}");
+        assert!(writes[0].path.ends_with("/deployments/sandy-app"), "{writes:?}");
+        assert!(writes[0].query.contains("fieldManager=keelson"), "{writes:?}");
+        assert!(writes[0].content_type.starts_with("application/merge-patch"), "{writes:?}");
+        assert_eq!(writes[0].body, serde_json::json!({"spec": {"replicas": 3}}));
         let drift = DriftLabels { kind: "Deployment".into(), field: "spec.replicas".into() };
         assert_eq!(reconciler.ctx.metrics.drift_corrections.get_or_create(&drift).get(), 1);
     }
@@ -223,13 +245,34 @@ mod tests {
         drifted.metadata.resource_version = Some("12".into());
         let (api, client) = FakeApi::new(&app);
         let reconciler = reconciler(client, vec![drifted], vec![service]);
-        reconciler.ctx.own_writes.record("Deployment/default/sandy-app".into(), Some("11".into()));
+        reconciler.ctx.own_writes.record(
+            "WebApp/default/sandy-app",
+            "Deployment/default/sandy-app".into(),
+            Some("11".into()),
+        );
         pipeline::reconcile(Arc::new(app), reconciler.clone()).await.expect("reconciles");
         assert!(!api.requests().iter().any(|r| r.method == "GET"), "{:?}", api.requests());
-        assert_eq!(api.applies(), ["deployments/sandy-app"]);
+        let writes = api.writes();
+        assert_eq!(writes.len(), 1, "{writes:?}");
+        assert!(writes[0].path.ends_with("/deployments/sandy-app"), "{writes:?}");
         // How long the drifted copy waited in the cache before the revert went out.
         let text = reconciler.ctx.metrics.render();
         assert!(text.contains("keelson_drift_revert_delay_seconds_count{kind=\"Deployment\"} 1"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn scaling_with_another_drifted_field_goes_back_by_apply() {
+        let app = sample();
+        let (mut drifted, service) = applied(&app);
+        let spec = drifted.spec.as_mut().expect("spec");
+        spec.replicas = Some(10);
+        spec.selector.match_labels = Some([("app".to_string(), "other".to_string())].into());
+        let (api, client) = FakeApi::new(&app);
+        api.answer("GET", "/deployments/sandy-app", 200, serde_json::to_value(&drifted).expect("json"));
+        pipeline::reconcile(Arc::new(app), reconciler(client, vec![drifted], vec![service])).await.expect("reconciles");
+        assert_eq!(api.applies(), ["deployments/sandy-app"]);
+        let sent = api.requests().into_iter().find(|r| r.is_apply()).expect("apply");
+        assert_eq!(sent.body["spec"]["replicas"], 3);
     }
 
     #[tokio::test]
