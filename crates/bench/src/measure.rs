@@ -316,6 +316,28 @@ impl Summary {
     }
 }
 
+/// Waits until the API server has written nothing for `quiet`: its audit log
+/// (writes only) has not grown for that long. True if it went quiet within
+/// `timeout`, false if writes never stopped for that long.
+pub async fn wait_quiet(log: &Path, quiet: Duration, timeout: Duration) -> anyhow::Result<bool> {
+    let started = std::time::Instant::now();
+    let size = || std::fs::metadata(log).map(|m| m.len()).with_context(|| format!("reading {}", log.display()));
+    let (mut last_size, mut since) = (size()?, std::time::Instant::now());
+    loop {
+        if since.elapsed() >= quiet {
+            return Ok(true);
+        }
+        if started.elapsed() >= timeout {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = size()?;
+        if now != last_size {
+            (last_size, since) = (now, std::time::Instant::now());
+        }
+    }
+}
+
 /// Write requests (create, update, patch, delete) the API server completed
 /// for `user` (directly or impersonated) between `from` and `to`.
 pub fn audited_writes(

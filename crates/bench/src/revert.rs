@@ -1,13 +1,15 @@
 //! Two ways to write back an outsider's scale of a Deployment, compared on the
 //! same cluster at the same time (issue 15, item 2): the server-side apply of
-//! the whole desired object that Keelson sends, and a JSON merge patch of the
-//! one field under the same field manager. Each revert follows the outsider's
-//! patch at once, so the Deployment controller is acting on the drift, as in a
-//! real revert; the two ways take turns on the same Deployments. Timed from
-//! the client (loopback, serialisation included); the ownership each leaves
-//! is read from managedFields.
+//! the whole desired object, and the JSON merge patch of the one field under
+//! the same field manager that Keelson sends. Each revert follows the
+//! outsider's patch at once, so the Deployment controller is acting on the
+//! drift, as in a real revert; each trial starts on a quiet API server, as a
+//! drift trial does; the two ways take turns on the same Deployments. Timed
+//! from the client (loopback, serialisation included); the ownership each
+//! leaves is read from managedFields.
 
-use std::time::Instant;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -62,7 +64,12 @@ fn desired(namespace: &str, name: &str) -> anyhow::Result<Deployment> {
     Ok(deployment)
 }
 
-pub async fn compare(client: &Client, namespace: &str, trials_each: usize) -> anyhow::Result<Comparison> {
+pub async fn compare(
+    client: &Client,
+    namespace: &str,
+    trials_each: usize,
+    audit_log: &Path,
+) -> anyhow::Result<Comparison> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let apply = PatchParams::apply(MANAGER).force();
     let names: Vec<String> = (0..DEPLOYMENTS).map(|i| format!("revert-{i:02}")).collect();
@@ -81,6 +88,7 @@ pub async fn compare(client: &Client, namespace: &str, trials_each: usize) -> an
     for trial in 0..2 * trials_each {
         let way = if trial % 2 == 0 { Way::Apply } else { Way::MergePatch };
         let (name, deployment) = (&names[trial % DEPLOYMENTS], &wanted[trial % DEPLOYMENTS]);
+        crate::measure::wait_quiet(audit_log, crate::DRIFT_QUIET, Duration::from_secs(10)).await?;
         deployments.patch(name, &outsider, &Patch::Merge(json!({"spec": {"replicas": 10}}))).await?;
         let sent = Instant::now();
         let reverted = match way {
