@@ -279,17 +279,19 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // 1. Lower bound, on an otherwise empty cluster.
-    let (direct_s, direct_curve, direct_cpu) = if args.no_direct {
+    let (direct_s, direct_curve, direct_cpu, direct_window) = if args.no_direct {
         eprintln!("[bench] direct: skipped (--no-direct)");
-        (None, Vec::new(), None)
+        (None, Vec::new(), None, None)
     } else {
         eprintln!("[bench] direct: {} Deployments + Services without an operator", args.n);
         let account = args.cluster_dir.as_deref().map(|dir| CpuAccount::start(dir, None));
+        let from = chrono::Utc::now();
         let (direct_s, direct_curve) = direct(&client, args.n).await?;
+        let window = (from, chrono::Utc::now());
         let direct_cpu = account.map(|account| account.so_far());
         eprintln!("[bench] direct: all available after {direct_s:.1}s; CPU {}", direct_cpu.clone().unwrap_or_default());
         delete_namespace(&client, DIRECT_NS).await?;
-        (Some(direct_s), direct_curve, direct_cpu)
+        (Some(direct_s), direct_curve, direct_cpu, Some(window))
     };
     let ratio = |convergence_s: f64| direct_s.map(|direct_s| convergence_s / direct_s);
 
@@ -322,6 +324,7 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("[bench] operator: {} WebApps created in {created_s:.1}s", args.n);
     let running_curve = running.await??;
     let convergence_s = start.elapsed().as_secs_f64();
+    let converged_at = chrono::Utc::now();
     let children_s =
         deployed.await??.last().copied().unwrap_or(0.0).max(serviced.await??.last().copied().unwrap_or(0.0));
     let cpu_s = sampler.cpu_seconds() - cpu_before;
@@ -340,6 +343,11 @@ async fn main() -> anyhow::Result<()> {
     let user = format!("system:serviceaccount:{SA_NAMESPACE}:{SA}");
     let convergence_writes = measure::audited_writes_by_kind(&args.audit_log, &user, converging_since, window_start)?;
     let convergence_total: u64 = convergence_writes.values().sum();
+    // What the rest of the cluster wrote in each run's namespace while its clock ran.
+    let cluster_writes =
+        |namespace: &str, (from, to)| measure::audited_writes_by_component(&args.audit_log, namespace, &user, from, to);
+    let cluster_writes_direct = direct_window.map(|window| cluster_writes(DIRECT_NS, window)).transpose()?;
+    let cluster_writes_operator = cluster_writes(APPS_NS, (converging_since, converged_at))?;
     eprintln!(
         "[bench] convergence: {convergence_total} writes ({:.2} per WebApp): {convergence_writes:?}",
         convergence_total as f64 / args.n as f64
@@ -419,6 +427,7 @@ async fn main() -> anyhow::Result<()> {
     let reverts = measure::revert_timings(&args.audit_log, &user, drift_from, chrono::Utc::now())?;
     let (outsider_write, reaction, revert_write) =
         (Summary::of(&reverts.outsider_writes), Summary::of(&reverts.reactions), Summary::of(&reverts.writes));
+    let revert_span = Summary::of(&reverts.spans());
     eprintln!(
         "[bench] reverts in the audit log ({}): the outsider's write p50 {:.1} / p99 {:.1} ms, reaction p50 {:.1} / p99 {:.1} ms, the revert's write p50 {:.1} / p99 {:.1} ms",
         reverts.reactions.len(),
@@ -540,6 +549,7 @@ async fn main() -> anyhow::Result<()> {
             "reaction_ms": {"p50": round(reaction.p50), "p99": round(reaction.p99)},
             "reaction_in_operator": in_operator,
             "revert_write_ms": {"p50": round(revert_write.p50), "p99": round(revert_write.p99)},
+            "revert_span_ms": {"p50": round(revert_span.p50), "p99": round(revert_span.p99), "max": round(revert_span.max)},
             "revert_writes_compared": revert_writes,
             "idle_seconds": args.idle_seconds,
             "idle_writes": idle_writes,
@@ -549,6 +559,7 @@ async fn main() -> anyhow::Result<()> {
             "rss_rest_file_mb": round(rss_rest_file_mb),
             "cpu_s": round(cpu_s),
             "cpu_by_process": {"direct": direct_cpu, "operator": operator_cpu},
+            "cluster_writes_while_converging": {"direct": cluster_writes_direct, "operator": cluster_writes_operator},
         },
         "restart": restart,
         "mydatabase": {"n": args.databases, "convergence_s": round(db_convergence_s), "rss_mb": round(db_rss_mb)},

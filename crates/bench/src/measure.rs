@@ -372,18 +372,66 @@ pub fn audited_writes_by_kind(
         {
             continue;
         }
-        let at = entry["stageTimestamp"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
-        if at.is_some_and(|at| at >= from && at <= to) {
-            let object = &entry["objectRef"];
-            let mut kind =
-                format!("{} {}", entry["verb"].as_str().unwrap_or("?"), object["resource"].as_str().unwrap_or("?"));
-            if let Some(sub) = object["subresource"].as_str() {
-                kind = format!("{kind}/{sub}");
-            }
-            *counts.entry(kind).or_insert(0) += 1;
+        if completed_between(&entry, from, to) {
+            *counts.entry(write_kind(&entry)).or_insert(0) += 1;
         }
     }
     Ok(counts)
+}
+
+/// Writes the cluster's components completed in `namespace` between `from` and
+/// `to`, by the program that sent them (its user agent's first word:
+/// `kube-controller-manager`, `kube-scheduler`, `kwok`, …) and `verb
+/// resource[/subresource]`, answered or refused. Not counted: `operator`'s writes,
+/// and writes without a user agent (the harness's: kube-rs sends none).
+pub fn audited_writes_by_component(
+    log: &Path,
+    namespace: &str,
+    operator: &str,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+    let mut counts = std::collections::BTreeMap::new();
+    let quoted = format!("\"{namespace}\"");
+    for line in audit_lines(log)? {
+        let line = line?;
+        if !line.contains(&quoted) {
+            continue;
+        }
+        let Ok(entry) = serde_json::from_str::<Value>(&line) else { continue };
+        if entry["stage"] != "ResponseComplete"
+            || entry["objectRef"]["namespace"] != namespace
+            || !matches!(entry["verb"].as_str(), Some("create" | "update" | "patch" | "delete" | "deletecollection"))
+            || !completed_between(&entry, from, to)
+        {
+            continue;
+        }
+        let who = entry["impersonatedUser"]["username"].as_str().or(entry["user"]["username"].as_str());
+        let Some(agent) = entry["userAgent"].as_str().and_then(|a| a.split('/').next()).filter(|a| !a.is_empty())
+        else {
+            continue;
+        };
+        if who != Some(operator) {
+            *counts.entry(format!("{agent} {}", write_kind(&entry))).or_insert(0) += 1;
+        }
+    }
+    Ok(counts)
+}
+
+/// Whether an audit entry's request completed within `from..=to`.
+fn completed_between(entry: &Value, from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc>) -> bool {
+    let at = entry["stageTimestamp"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+    at.is_some_and(|at| at >= from && at <= to)
+}
+
+/// `verb resource[/subresource]` of an audit entry, e.g. `patch webapps/status`.
+fn write_kind(entry: &Value) -> String {
+    let object = &entry["objectRef"];
+    let kind = format!("{} {}", entry["verb"].as_str().unwrap_or("?"), object["resource"].as_str().unwrap_or("?"));
+    match object["subresource"].as_str() {
+        Some(sub) => format!("{kind}/{sub}"),
+        None => kind,
+    }
 }
 
 /// The lines of the audit log `log` and of its rotated files beside it
@@ -418,6 +466,15 @@ pub struct RevertTimings {
     pub reactions: Vec<f64>,
     /// The operator's write itself.
     pub writes: Vec<f64>,
+}
+
+impl RevertTimings {
+    /// Each revert's whole span in the API server: the outsider's write arriving
+    /// to the operator's write done (the drift less the harness's own way in and
+    /// its watch's way out).
+    pub fn spans(&self) -> Vec<f64> {
+        self.outsider_writes.iter().zip(&self.reactions).zip(&self.writes).map(|((o, r), w)| o + r + w).collect()
+    }
 }
 
 /// The reverts in the audit log: every Deployment patch by someone else
@@ -592,6 +649,47 @@ mod tests {
     }
 
     #[test]
+    fn writes_in_a_namespace_are_counted_by_program_and_kind() -> anyhow::Result<()> {
+        let dir = std::env::temp_dir().join(format!("keelson-components-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let log = dir.join("audit.log");
+        let line = |agent: &str, verb: &str, namespace: &str, sub: Option<&str>, ts: &str| {
+            let mut e = json!({"stage": "ResponseComplete", "verb": verb, "stageTimestamp": ts,
+                   "user": {"username": "components"},
+                   "objectRef": {"namespace": namespace, "resource": "deployments", "subresource": sub}});
+            match agent {
+                "" => {}
+                "operator" => e["user"]["username"] = json!("system:serviceaccount:b:keelson"),
+                agent => e["userAgent"] = json!(agent),
+            }
+            e.to_string()
+        };
+        let kcm = "kube-controller-manager/v1.36.3 (linux/amd64) kubernetes/abc/deployment-controller";
+        let lines = [
+            line(kcm, "update", "apps", Some("status"), "2026-01-01T00:00:30Z"),
+            line(kcm, "update", "apps", Some("status"), "2026-01-01T00:00:31Z"),
+            line("kwok/v0.8.0", "patch", "apps", None, "2026-01-01T00:00:32Z"),
+            line(kcm, "get", "apps", None, "2026-01-01T00:00:33Z"),
+            line(kcm, "update", "apps-other", Some("status"), "2026-01-01T00:00:34Z"),
+            line(kcm, "update", "apps", Some("status"), "2026-01-01T00:02:00Z"),
+            line("", "patch", "apps", None, "2026-01-01T00:00:35Z"),
+            line("operator", "patch", "apps", None, "2026-01-01T00:00:36Z"),
+        ];
+        std::fs::write(&log, lines.join("\n"))?;
+        let from = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")?.with_timezone(&chrono::Utc);
+        let to = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:01:00Z")?.with_timezone(&chrono::Utc);
+        let counts = audited_writes_by_component(&log, "apps", "system:serviceaccount:b:keelson", from, to)?;
+        let expected: std::collections::BTreeMap<String, u64> = [
+            ("kube-controller-manager update deployments/status".to_string(), 2),
+            ("kwok patch deployments".into(), 1),
+        ]
+        .into();
+        assert_eq!(counts, expected);
+        std::fs::remove_dir_all(dir)?;
+        Ok(())
+    }
+
+    #[test]
     fn a_revert_is_timed_from_the_outsiders_write_to_ours() -> anyhow::Result<()> {
         let dir = std::env::temp_dir().join(format!("keelson-revert-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
@@ -616,6 +714,7 @@ mod tests {
         let to = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:01:00Z")?.with_timezone(&chrono::Utc);
         let timings = revert_timings(&log, sa, from, to)?;
         assert_eq!(timings, RevertTimings { outsider_writes: vec![4.0], reactions: vec![3.5], writes: vec![6.0] });
+        assert_eq!(timings.spans(), [13.5]);
         std::fs::remove_dir_all(dir)?;
         Ok(())
     }
