@@ -357,25 +357,11 @@ pub fn audited_writes_by_kind(
     to: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
     let mut counts = std::collections::BTreeMap::new();
-    for line in audit_lines(log)? {
-        let line = line?;
-        if !line.contains(user) {
-            continue;
+    for_each_write(log, user, from, to, |entry| {
+        if requester(entry) == Some(user) {
+            *counts.entry(write_kind(entry)).or_insert(0) += 1;
         }
-        let Ok(entry) = serde_json::from_str::<Value>(&line) else { continue };
-        if entry["stage"] != "ResponseComplete" {
-            continue;
-        }
-        let who = entry["impersonatedUser"]["username"].as_str().or(entry["user"]["username"].as_str());
-        if who != Some(user)
-            || !matches!(entry["verb"].as_str(), Some("create" | "update" | "patch" | "delete" | "deletecollection"))
-        {
-            continue;
-        }
-        if completed_between(&entry, from, to) {
-            *counts.entry(write_kind(&entry)).or_insert(0) += 1;
-        }
-    }
+    })?;
     Ok(counts)
 }
 
@@ -392,30 +378,47 @@ pub fn audited_writes_by_component(
     to: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
     let mut counts = std::collections::BTreeMap::new();
-    let quoted = format!("\"{namespace}\"");
+    for_each_write(log, &format!("\"{namespace}\""), from, to, |entry| {
+        let agent = entry["userAgent"].as_str().and_then(|a| a.split('/').next()).filter(|a| !a.is_empty());
+        if let Some(agent) = agent
+            && entry["objectRef"]["namespace"] == namespace
+            && requester(entry) != Some(operator)
+        {
+            *counts.entry(format!("{agent} {}", write_kind(entry))).or_insert(0) += 1;
+        }
+    })?;
+    Ok(counts)
+}
+
+/// Calls `each` with every write request (create, update, patch, delete) the
+/// audit log shows completed between `from` and `to`, reading only lines that
+/// contain `mentions` (a cheap filter before the JSON is parsed).
+fn for_each_write(
+    log: &Path,
+    mentions: &str,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+    mut each: impl FnMut(&Value),
+) -> anyhow::Result<()> {
     for line in audit_lines(log)? {
         let line = line?;
-        if !line.contains(&quoted) {
+        if !line.contains(mentions) {
             continue;
         }
         let Ok(entry) = serde_json::from_str::<Value>(&line) else { continue };
-        if entry["stage"] != "ResponseComplete"
-            || entry["objectRef"]["namespace"] != namespace
-            || !matches!(entry["verb"].as_str(), Some("create" | "update" | "patch" | "delete" | "deletecollection"))
-            || !completed_between(&entry, from, to)
+        if entry["stage"] == "ResponseComplete"
+            && matches!(entry["verb"].as_str(), Some("create" | "update" | "patch" | "delete" | "deletecollection"))
+            && completed_between(&entry, from, to)
         {
-            continue;
-        }
-        let who = entry["impersonatedUser"]["username"].as_str().or(entry["user"]["username"].as_str());
-        let Some(agent) = entry["userAgent"].as_str().and_then(|a| a.split('/').next()).filter(|a| !a.is_empty())
-        else {
-            continue;
-        };
-        if who != Some(operator) {
-            *counts.entry(format!("{agent} {}", write_kind(&entry))).or_insert(0) += 1;
+            each(&entry);
         }
     }
-    Ok(counts)
+    Ok(())
+}
+
+/// Who a request was made as: the impersonated user if any, else the user.
+fn requester(entry: &Value) -> Option<&str> {
+    entry["impersonatedUser"]["username"].as_str().or(entry["user"]["username"].as_str())
 }
 
 /// Whether an audit entry's request completed within `from..=to`.
@@ -516,7 +519,7 @@ pub fn revert_timings(
         if received < from || completed > to {
             continue;
         }
-        let who = entry["impersonatedUser"]["username"].as_str().or(entry["user"]["username"].as_str());
+        let who = requester(&entry);
         let name = format!("{}/{}", object["namespace"].as_str().unwrap_or(""), object["name"].as_str().unwrap_or(""));
         patches.entry(name).or_default().push((received, completed, who == Some(user)));
     }

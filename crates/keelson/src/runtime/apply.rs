@@ -267,12 +267,16 @@ impl<'a> Applier<'a> {
         // only keep a field the spec stopped asking for, and every builder sets
         // `spec.replicas` on every apply.
         let update = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        let patch = match &change {
-            ChildChange::DriftCorrected(drifts) if matches!(drifts.as_slice(), [only] if only.is_replica_count()) => {
-                let replicas = drifts.first().map(|drift| drift.desired.clone()).unwrap_or_default();
-                api.patch(&name, &update, &Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}}))).await
+        let drifts = match &change {
+            ChildChange::DriftCorrected(drifts) => drifts.as_slice(),
+            _ => &[],
+        };
+        let patch = match drifts {
+            [only] if only.is_replica_count() => {
+                let replicas = serde_json::json!({"spec": {"replicas": only.desired}});
+                api.patch(&name, &update, &Patch::Merge(&replicas)).await
             }
-            ChildChange::DriftCorrected(drifts) if drifts.iter().any(FieldDrift::in_list_entry) => {
+            drifts if drifts.iter().any(FieldDrift::in_list_entry) => {
                 api.patch(&name, &update, &Patch::Merge(&desired)).await
             }
             _ => api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await,
