@@ -24,7 +24,7 @@ stop_operator() {
 
 if [[ "${1:-}" == "stop-operator" ]]; then stop_operator; exit 0; fi
 
-say "Bringing up the local cluster: control plane, KWOK's fake nodes, one real node (first run builds Kubernetes and the stand-in images: ~30-45 min)"
+say "Bringing up the local cluster: control plane, KWOK's fake nodes, three real nodes (first run builds Kubernetes and the stand-in images: ~30-45 min)"
 hack/cluster.sh up
 # shellcheck disable=SC1091
 source "$DIR/env"

@@ -1,7 +1,8 @@
-# Sourced by hack/cluster.sh: the real node's container runtime, Debian's
-# containerd and runc with the CNI plugins, installed when missing. Its root
-# (images, snapshots) lives in the cluster folder, its state and socket under
-# $RUN. It can never pull: every registry, docker.io included, resolves to a
+# Sourced by hack/cluster.sh: each real node's container runtime, Debian's
+# containerd and runc with the CNI plugins, installed when missing, run in the
+# node's network namespace (its CNI bridge and pods' links are made there).
+# Its root (images, snapshots) is the node's disk, its state and socket are
+# under the node's /run. It can never pull: every registry, docker.io included, resolves to a
 # closed port on loopback, so an image that was not built here fails at once
 # (ErrImagePull) instead of reaching out.
 
@@ -18,24 +19,29 @@ install_node_packages() {
     || die "cannot install ${missing[*]}"
 }
 
-CONTAINERD_SOCK() { echo "$RUN/containerd.sock"; }
+CONTAINERD_SOCK() { echo "$NODE_RUN/containerd.sock"; }
 
 start_containerd() {
   install_node_packages
-  mkdir -p "$DIR/containerd/certs.d/_default" "$DIR/containerd/certs.d/docker.io" "$RUN"
+  local k; for k in $(node_numbers); do node "$k"; start_node_containerd; done
+}
+
+start_node_containerd() {
+  local c="$NODE_DIR/containerd"
+  mkdir -p "$c/certs.d/_default" "$c/certs.d/docker.io" "$NODE_RUN"
   local d; for d in _default docker.io; do
     printf 'server = "http://127.0.0.1:9"\n[host."http://127.0.0.1:9"]\n  capabilities = ["pull", "resolve"]\n' \
-      > "$DIR/containerd/certs.d/$d/hosts.toml"
+      > "$c/certs.d/$d/hosts.toml"
   done
-  cat > "$DIR/containerd/config.toml" <<TOML
+  cat > "$c/config.toml" <<TOML
 version = 2
-root = "$DIR/containerd/root"
-state = "$RUN/containerd"
+root = "$c/root"
+state = "$NODE_RUN/containerd"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp"]
 [grpc]
   address = "$(CONTAINERD_SOCK)"
 [ttrpc]
-  address = "$RUN/containerd.ttrpc.sock"
+  address = "$NODE_RUN/containerd.ttrpc.sock"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "registry.k8s.io/pause:3.10"
   stream_server_address = "127.0.0.1"
@@ -51,22 +57,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "$DIR/cni/net.d"
+    conf_dir = "$NODE_DIR/cni/net.d"
   [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "$DIR/containerd/certs.d"
+    config_path = "$c/certs.d"
 [plugins."io.containerd.internal.v1.opt"]
-  path = "$DIR/containerd/opt"
+  path = "$c/opt"
 TOML
   # Pulls that escape the mirror configuration go to a closed proxy.
   HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY='' \
-    start_program containerd /usr/bin/containerd --config "$DIR/containerd/config.toml"
+    start_program "containerd-$NODE_K" "${IN_NODE[@]}" /usr/bin/containerd --config "$c/config.toml"
 }
 
 ctr_node() { ctr --address "$(CONTAINERD_SOCK)" --namespace k8s.io "$@"; }
 
-healthy_containerd() { ctr_node version; }
+healthy_containerd() { local k; for k in $(node_numbers); do node "$k"; ctr_node version || return 1; done; }
 
-kill_shims() { # the runtime shims of our containerd: their -address is its socket
+kill_shims() { # the runtime shims of node NODE_K's containerd: their -address is its socket
   local proc
   for proc in /proc/[0-9]*; do
     if tr '\0' ' ' < "$proc/cmdline" 2>/dev/null | grep -q -- "-address $(CONTAINERD_SOCK) "; then
@@ -74,3 +80,5 @@ kill_shims() { # the runtime shims of our containerd: their -address is its sock
     fi
   done
 }
+
+stop_containerd() { local k; for k in $(node_numbers); do node "$k"; stop_pid "containerd-$k"; kill_shims; done; }

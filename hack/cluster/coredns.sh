@@ -1,12 +1,12 @@
-# Sourced by hack/cluster.sh: cluster DNS for the real node's pods, CoreDNS
-# on the node's bridge address. It answers cluster.local names from the API
+# Sourced by hack/cluster.sh: cluster DNS for the real nodes' pods, CoreDNS
+# on this host's bridge address. It answers cluster.local names from the API
 # server and nothing else: there is no upstream to forward to.
 
 start_coredns() {
   mkdir -p "$DIR/coredns"
   cat > "$DIR/coredns/Corefile" <<COREFILE
 cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {
-    bind $NODE_IP
+    bind $HOST_IP
     errors
     kubernetes cluster.local in-addr.arpa ip6.arpa {
         kubeconfig $DIR/components.kubeconfig keelson-dev
@@ -16,7 +16,7 @@ cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {
     cache 5
 }
 .:53 {
-    bind $NODE_IP
+    bind $HOST_IP
     errors
 }
 COREFILE

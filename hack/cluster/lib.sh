@@ -42,17 +42,52 @@ DNS_READY_PORT=$((base + 14))
 PORTS
 }
 
-# The real node's names, derived from the cluster folder so that two
-# checkouts never share a bridge, subnet or runtime folder.
+# The real nodes' names, derived from the cluster folder so that two
+# checkouts never share a bridge, subnet or runtime folder. The cluster's
+# /24 is cut in four: the host link (this host at .1, node K at .10+K) and a
+# /26 of pod addresses for each of up to three nodes.
 node_settings() {
   local id=$(( $(printf '%s' "$DIR" | cksum | cut -d' ' -f1) % 250 + 1 ))
-  NODE_NAME=keelson-node
+  # How many real nodes: as the running cluster was started, else KEELSON_REAL_NODES (3).
+  REAL_NODES="${KEELSON_REAL_NODES:-$(cat "$DIR/real-nodes" 2>/dev/null || echo 3)}"
+  [[ "$REAL_NODES" =~ ^[1-3]$ ]] || die "KEELSON_REAL_NODES must be 1, 2 or 3 (got $REAL_NODES)"
+  CLUSTER_ID="$id"
   BRIDGE="keelson$id"
-  POD_CIDR="10.88.$id.0/24"
-  NODE_IP="10.88.$id.1"
+  CLUSTER_POD_CIDR="10.88.$id.0/24"
+  HOST_IP="10.88.$id.1" # the host on the nodes' link: API bridge, CoreDNS
   RUN="/run/keelson-$id" # short paths for sockets; runtime state
   FENCE="KEELSON-$id"    # prefix of the iptables chains of the fence
+  CGROUP_PREFIX="keelson$id-node" # each node's pods live under /sys/fs/cgroup/*/<prefix>K
 }
+
+node_numbers() { seq 1 "$REAL_NODES"; }
+
+# node K: sets the names of real node K (1-3).
+node() {
+  local k="$1"
+  [[ "$k" =~ ^[1-3]$ ]] && (( k <= REAL_NODES )) || die "no real node $k (nodes: $(node_numbers | sed 's/^/keelson-node-/' | paste -sd' '))"
+  NODE_K="$k"
+  NODE_NAME="keelson-node-$k"
+  NODE_ZONE="zone-$(printf '%s' abc | cut -c"$k")"
+  NODE_IP="10.88.$CLUSTER_ID.$((10 + k))"
+  POD_CIDR="10.88.$CLUSTER_ID.$((64 * k))/26"
+  POD_GATEWAY="10.88.$CLUSTER_ID.$((64 * k + 1))"
+  NETNS="keelson$CLUSTER_ID-n$k"
+  VETH="kl${CLUSTER_ID}n$k" # the host's end of the node's link
+  NODE_DIR="$DIR/nodes/$k"  # the node's disk: runtime root, kubelet root, pod logs, IPAM
+  NODE_RUN="$RUN/n$k"       # the node's /run: lost at power-off
+  CGROUP_ROOT="$CGROUP_PREFIX$k"
+  IN_NODE=(nsenter "--net=/run/netns/$NETNS" --) # the node's network; the host's mounts, so volumes reach the runtime
+}
+
+# node_of NAME|K: the node number of keelson-node-K or K.
+node_of() {
+  local k="${1#keelson-node-}"
+  [[ "$k" =~ ^[1-3]$ ]] && (( k <= REAL_NODES )) || die "no real node $1 (nodes: $(node_numbers | sed 's/^/keelson-node-/' | paste -sd' '))"
+  echo "$k"
+}
+
+in_node() { "${IN_NODE[@]}" "$@"; } # a program in the current node's network
 
 kubectl_admin() { "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig" "$@"; }
 
@@ -105,12 +140,11 @@ stop_pid() { # stop_pid NAME...: SIGTERM the recorded pids together, then SIGKIL
   done
 }
 
-# The real node's leftovers, found by where they live, never by name.
-kill_cgroup_processes() { # every process in the kubelet's pod cgroups
+# The real nodes' leftovers, found by where they live, never by name.
+kill_cgroup_processes() { # kill_cgroup_processes ROOT: every process in a node's pod cgroups
   local round pids
   for round in 1 2 3 4 5; do
-    pids="$(cat /sys/fs/cgroup/pids/kubepods/cgroup.procs /sys/fs/cgroup/pids/kubepods/*/cgroup.procs \
-      /sys/fs/cgroup/pids/kubepods/*/*/cgroup.procs /sys/fs/cgroup/pids/kubepods/*/*/*/cgroup.procs 2>/dev/null || true)"
+    pids="$(find "/sys/fs/cgroup/pids/$1" -name cgroup.procs -exec cat {} + 2>/dev/null || true)"
     [[ -z "$pids" ]] && return 0
     # shellcheck disable=SC2086
     kill -9 $pids 2>/dev/null || true
@@ -146,9 +180,23 @@ remove_kubernetes_chains() { # what the kubelet and kube-proxy left in iptables 
   done
 }
 
-remove_cgroups() { # the kubelet's pod cgroups, emptied by kill_cgroup_processes
+remove_cgroups() { # remove_cgroups ROOT: a node's cgroups in every hierarchy, emptied by kill_cgroup_processes
   local root
-  for root in /sys/fs/cgroup/*/kubepods; do
+  for root in /sys/fs/cgroup/*/"$1"; do
     if [[ -d "$root" ]]; then find "$root" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
   done
+}
+
+# make_cgroups ROOT: the node's cgroup in every hierarchy (the kubelet's
+# cgroupRoot must exist); a new cpuset starts empty, so it takes its parent's.
+make_cgroups() {
+  local hierarchy
+  for hierarchy in /sys/fs/cgroup/*/; do
+    [[ -d "$hierarchy" ]] || continue
+    mkdir -p "$hierarchy$1"
+  done
+  if [[ -d /sys/fs/cgroup/cpuset/$1 ]]; then
+    cat /sys/fs/cgroup/cpuset/cpuset.cpus > "/sys/fs/cgroup/cpuset/$1/cpuset.cpus"
+    cat /sys/fs/cgroup/cpuset/cpuset.mems > "/sys/fs/cgroup/cpuset/$1/cpuset.mems"
+  fi
 }

@@ -5,8 +5,8 @@ make_pki() {
   local pki="$DIR/pki"
   [[ -f "$pki/ca.crt" ]] || make_control_plane_pki
   # Pods reach the API server as kubernetes.default.svc, at the Service's IP,
-  # through the node's bridge address (hack/cluster/api-bridge.sh).
-  local names="IP:127.0.0.1,IP:10.96.0.1,IP:$NODE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default"
+  # through this host's bridge address (hack/cluster/api-bridge.sh).
+  local names="IP:127.0.0.1,IP:10.96.0.1,IP:$HOST_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default"
   names+=",DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   if [[ ! -f "$pki/apiserver.crt" ]] || ! grep -qF "subjectAltName=$names" "$pki/apiserver.ext"; then
     openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
@@ -22,9 +22,8 @@ make_pki() {
     head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$pki/components.token"
     printf '%s,keelson-dev-components,components-uid,"system:masters"\n' "$(cat "$pki/components.token")" >> "$pki/tokens.csv"
   fi
-  # The real node: the kubelet's identity (the Node authorizer's), and the
-  # API server's when it calls the kubelet (logs, exec, port-forward).
-  [[ -f "$pki/kubelet.crt" ]] || client_cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME"
+  # The API server's identity when it calls a kubelet (logs, exec,
+  # port-forward); each kubelet's own is made with it (hack/cluster/kubelet.sh).
   [[ -f "$pki/apiserver-kubelet-client.crt" ]] \
     || client_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
 }
@@ -97,6 +96,9 @@ $reads
 - level: None
   resources: [{group: coordination.k8s.io, resources: [leases]}]
   users: [admin, keelson-dev-components, "system:kube-controller-manager", "system:kube-scheduler"]
+- level: None
+  resources: [{group: coordination.k8s.io, resources: [leases]}]
+  userGroups: ["system:nodes"]
 - level: Metadata
 AUDIT
 }

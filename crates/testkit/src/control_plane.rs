@@ -1,5 +1,6 @@
-//! Stopping and starting one component of the local dev cluster, for
-//! failure tests (`hack/cluster.sh stop|start NAME`).
+//! Stopping and starting one component of the local dev cluster, and the
+//! faults of its real nodes, for failure tests (`hack/cluster.sh stop|start
+//! NAME`, `partition|heal|poweroff|poweron NODE`).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -22,16 +23,16 @@ impl ControlPlane {
             .then(|| Self { dir, script: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../hack/cluster.sh") })
     }
 
-    fn run(&self, verb: &str, component: &str) -> anyhow::Result<()> {
+    fn run(&self, verb: &str, target: &str) -> anyhow::Result<()> {
         let output = Command::new("bash")
             .arg(&self.script)
-            .args([verb, component])
+            .args([verb, target])
             .env("KEELSON_CLUSTER_DIR", &self.dir)
             .output()
             .with_context(|| format!("cannot run {}", self.script.display()))?;
         anyhow::ensure!(
             output.status.success(),
-            "cluster.sh {verb} {component} failed: {}",
+            "cluster.sh {verb} {target} failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
         Ok(())
@@ -68,5 +69,25 @@ impl ControlPlane {
     /// Starts `component` again and waits until it serves.
     pub fn start(&self, component: &str) -> anyhow::Result<()> {
         self.run("start", component)
+    }
+
+    /// Cuts `node`'s network (kubelet, kube-proxy and pods reach nothing off it).
+    pub fn partition(&self, node: &str) -> anyhow::Result<()> {
+        self.run("partition", node)
+    }
+
+    /// Plugs `node` back in.
+    pub fn heal(&self, node: &str) -> anyhow::Result<()> {
+        self.run("heal", node)
+    }
+
+    /// Stops `node` as a power cut would (its disks are kept).
+    pub fn power_off(&self, node: &str) -> anyhow::Result<()> {
+        self.run("poweroff", node)
+    }
+
+    /// Boots `node` again; returns once it is Ready.
+    pub fn power_on(&self, node: &str) -> anyhow::Result<()> {
+        self.run("poweron", node)
     }
 }

@@ -1,5 +1,6 @@
-//! The local cluster's real node runs real containers: the stand-in images,
-//! volumes that non-root pods can write, NodePorts on loopback, cluster DNS,
+//! The local cluster's three real nodes run real containers: the stand-in
+//! images, volumes that non-root pods can write, pods that reach each other
+//! across nodes by IP, Service and DNS, NodePorts on loopback, cluster DNS,
 //! logs, exec and port-forward, and a fence that keeps pods on their bridge.
 
 use std::io::{BufRead as _, BufReader};
@@ -16,20 +17,99 @@ use testkit::{
     DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, http_get, kubectl, wait_for, wait_for_deletion,
 };
 
-const NODE: &str = "keelson-node";
+const NODES: [&str; 3] = ["keelson-node-1", "keelson-node-2", "keelson-node-3"];
 
 #[tokio::test]
-async fn real_node_is_ready_and_names_its_stand_in_images() -> anyhow::Result<()> {
+async fn three_real_nodes_are_ready_in_zones_of_their_own_and_name_their_stand_in_images() -> anyhow::Result<()> {
     let cluster = cluster_or_skip!();
-    let node = Api::<Node>::all(cluster.client.clone()).get(NODE).await.context("the real node is registered")?;
-    let status = node.status.clone().unwrap_or_default();
-    let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
-    ensure!(ready, "{NODE} is not Ready");
-    let internal = status.addresses.unwrap_or_default().into_iter().find(|a| a.type_ == "InternalIP");
-    ensure!(internal.is_some_and(|a| a.address.starts_with("10.88.")), "{NODE} has no InternalIP on the bridge");
-    let stand_ins =
-        node.metadata.annotations.unwrap_or_default().remove("keelson.dev/stand-in-images").unwrap_or_default();
-    ensure!(stand_ins.contains("postgresql-15") && stand_ins.contains("nginx"), "stand-ins not named: {stand_ins:?}");
+    let (mut hostnames, mut zones, mut addresses) = (Vec::new(), Vec::new(), Vec::new());
+    for name in NODES {
+        let node = Api::<Node>::all(cluster.client.clone()).get(name).await.context("a real node is registered")?;
+        let status = node.status.clone().unwrap_or_default();
+        let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        ensure!(ready, "{name} is not Ready");
+        let internal = status.addresses.unwrap_or_default().into_iter().find(|a| a.type_ == "InternalIP");
+        let address = internal.map(|a| a.address).unwrap_or_default();
+        ensure!(address.starts_with("10.88."), "{name} has no InternalIP on the nodes' bridge: {address:?}");
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        hostnames.push(labels.get("kubernetes.io/hostname").cloned().unwrap_or_default());
+        zones.push(labels.get("topology.kubernetes.io/zone").cloned().unwrap_or_default());
+        addresses.push(address);
+        let stand_ins =
+            node.metadata.annotations.unwrap_or_default().remove("keelson.dev/stand-in-images").unwrap_or_default();
+        ensure!(
+            stand_ins.contains("postgresql-15") && stand_ins.contains("nginx"),
+            "{name}: stand-ins not named: {stand_ins:?}"
+        );
+    }
+    ensure!(hostnames == NODES, "hostname labels are not the nodes' names: {hostnames:?}");
+    for distinct in [&zones, &addresses] {
+        let mut unique = distinct.clone();
+        unique.sort();
+        unique.dedup();
+        ensure!(unique.len() == NODES.len() && !unique.contains(&String::new()), "not one per node: {distinct:?}");
+    }
+    Ok(())
+}
+
+/// A pod on `node` serving `served-by-<node>` on port 80 (nginx stand-in).
+fn server_pod(name: &str, node: &str) -> serde_json::Value {
+    json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "nginx", "image": "nginx:1.25-alpine",
+                "command": ["bash", "-c", "echo served-by-$NODE > /usr/share/nginx/html/index.html && exec nginx -g 'daemon off;'"],
+                "env": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                "ports": [{"containerPort": 80}],
+                "readinessProbe": {"httpGet": {"path": "/", "port": 80}, "periodSeconds": 1}}],
+        }
+    })
+}
+
+#[tokio::test]
+async fn pods_on_different_nodes_reach_each_other_by_ip_service_and_dns() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = cluster.real_namespace("real-cross-node").await?;
+    let pods = ns.api::<Pod>();
+    for (i, node) in NODES.iter().enumerate() {
+        let name = format!("web-{}", i + 1);
+        pods.create(&PostParams::default(), &serde_json::from_value(server_pod(&name, node))?).await?;
+        let service = json!({"metadata": {"name": name},
+            "spec": {"selector": {"app": name}, "ports": [{"port": 80, "targetPort": 80}]}});
+        ns.api::<Service>().create(&PostParams::default(), &serde_json::from_value(service)?).await?;
+    }
+    let mut ips = Vec::new();
+    for i in 1..=NODES.len() {
+        let ready = wait_for(&pods, &format!("web-{i}"), "the server to be Ready", DEFAULT_TIMEOUT, |p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .await?;
+        ips.push(ready.status.and_then(|s| s.pod_ip).context("a Ready pod without an IP")?);
+    }
+    // Every node's client fetches every server by pod IP and by Service DNS name.
+    let mut script = String::from(
+        "get() { timeout 5 bash -c \"exec 3<>/dev/tcp/$1/80; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3\" | tail -n 1; }; ",
+    );
+    for (i, ip) in ips.iter().enumerate() {
+        let dns = format!("web-{}.{}.svc.cluster.local", i + 1, ns.name);
+        script += &format!("echo \"ip {} $(get {ip})\"; echo \"dns {} $(get {dns})\"; ", i + 1, i + 1);
+    }
+    for (k, node) in NODES.iter().enumerate() {
+        let mut client = shell_pod(&format!("client-{}", k + 1), "nginx:1.25-alpine", &script);
+        client["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+        let finished = run(&ns, client).await?;
+        for (i, server) in NODES.iter().enumerate() {
+            for how in ["ip", "dns"] {
+                let line = format!("{how} {} served-by-{server}", i + 1);
+                ensure!(finished.logs.contains(&line), "from {node}: no `{line}` in:\n{}", finished.logs);
+            }
+        }
+    }
     Ok(())
 }
 
