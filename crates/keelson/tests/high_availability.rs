@@ -44,6 +44,8 @@ const HUNG_DOWNTIME_LIMIT: Duration = Duration::from_secs(20);
 enum Disruption {
     /// Force-delete the primary's pod.
     Delete,
+    /// `kubectl delete pod` the primary, with its grace period (as a drain or eviction does).
+    GracefulDelete,
     /// SIGSTOP the primary's postmaster (from the node: it is a process here), SIGCONT once failed over.
     Hang,
     /// `db.keelson.dev/switchover-to` a replica.
@@ -56,6 +58,7 @@ impl Disruption {
     fn describe(self) -> &'static str {
         match self {
             Disruption::Delete => "failover: primary's pod force-deleted",
+            Disruption::GracefulDelete => "failover: primary's pod deleted (grace period)",
             Disruption::Hang => "failover: primary's postmaster frozen (SIGSTOP)",
             Disruption::Switchover => "switchover (annotation)",
             Disruption::Upgrade => "rolling minor upgrade 15.2 → 15.3 (longest pause)",
@@ -65,7 +68,9 @@ impl Disruption {
     fn limit(self) -> Duration {
         match self {
             Disruption::Hang => HUNG_DOWNTIME_LIMIT,
-            Disruption::Delete | Disruption::Switchover | Disruption::Upgrade => WRITE_DOWNTIME_LIMIT,
+            Disruption::Delete | Disruption::GracefulDelete | Disruption::Switchover | Disruption::Upgrade => {
+                WRITE_DOWNTIME_LIMIT
+            }
         }
     }
 }
@@ -133,6 +138,33 @@ until [ -f /tmp/stop ]; do
 done
 echo done"#;
 
+/// One session held open through `-rw`, as a pool holds it: an INSERT every 20 ms, each
+/// acknowledged id logged with the time and the address of the server that acknowledged it.
+/// A broken session is opened again. No statement timeout: a cancelled wait for the synchronous
+/// standby would come back as a commit the standbys may not have.
+const SESSION_WRITER: &str = r#"host="${URI#*@}"; host="${host%%:*}"
+until ip="$(getent hosts "$host" | awk '{print $1; exit}')" && [ -n "$ip" ]; do sleep 0.2; done
+URI="$(echo "$URI" | sed "s/@$host:/@$ip:/")"
+export PGOPTIONS=""
+i=0
+until [ -f /tmp/stop ]; do
+  coproc SESSION { psql "$URI" -X -At -q -v ON_ERROR_STOP=1 2>/tmp/error; }
+  while [ ! -f /tmp/stop ]; do
+    i=$((i+1))
+    echo "INSERT INTO acked_session VALUES ($i) RETURNING inet_server_addr();" >&"${SESSION[1]}" 2>/dev/null || break
+    if read -t 5 -r server <&"${SESSION[0]}" && [ -n "$server" ]; then
+      echo "ok $i $(date +%s%3N) $server"
+    else
+      echo "failed $i $(date +%s%3N) session ended: $(head -c 160 /tmp/error | tr '\n' ' ')"
+      break
+    fi
+    sleep 0.02
+  done
+  kill "$SESSION_PID" 2>/dev/null; wait "$SESSION_PID" 2>/dev/null
+  sleep 0.05
+done
+echo done"#;
+
 /// Every instance, by its pod's address, in turn (a round takes well under a second): does it take writes?
 fn sampler() -> String {
     format!(
@@ -169,6 +201,16 @@ fn acknowledged(logs: &str) -> Vec<(u64, u128)> {
         .filter_map(|line| {
             let mut words = line.strip_prefix("ok ")?.split(' ');
             Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// When each acknowledgement of the session writer came, and from which server.
+fn acknowledging_servers(logs: &str) -> Vec<(u128, String)> {
+    logs.lines()
+        .filter_map(|line| {
+            let mut words = line.strip_prefix("ok ")?.split(' ').skip(1);
+            Some((words.next()?.parse().ok()?, words.next()?.to_string()))
         })
         .collect()
 }
@@ -237,7 +279,9 @@ fn report_table(ready_in: Duration, report: &[(Disruption, Duration, Option<i64>
         ready_in.as_secs_f64()
     );
     out += "| disruption | runs | writes down, writer's view: p50 / max (ms) | Keelson's `writesDownMs`: p50 / max |\n|---|---|---|---|\n";
-    for kind in [Disruption::Delete, Disruption::Hang, Disruption::Switchover, Disruption::Upgrade] {
+    for kind in
+        [Disruption::Delete, Disruption::GracefulDelete, Disruption::Hang, Disruption::Switchover, Disruption::Upgrade]
+    {
         let runs: Vec<_> = report.iter().filter(|(d, _, _)| *d == kind).collect();
         let seen = percentiles(runs.iter().map(|(_, gap, _)| gap.as_millis()).collect());
         let keelson = percentiles(runs.iter().filter_map(|(_, _, ms)| ms.map(|ms| ms.max(0) as u128)).collect());
@@ -281,11 +325,23 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     let first = settled(&ns).await?;
     let ready_in = created.elapsed();
     eprintln!("3 instances Running (streaming, synchronous) {ready_in:?} after the create");
-    assert_eq!(sql_in(&ns, &first, "SHOW synchronous_standby_names")?, "ANY 1 (*)", "synchronous by default");
-    sql_in(&ns, &first, "CREATE TABLE acked (id int PRIMARY KEY); GRANT ALL ON acked TO app")?;
+    // Synchronous by default, to the other instances by name (a backup's stream never counts).
+    let others: Vec<String> =
+        (0..3).map(|n| format!("{DB}-{n}")).filter(|pod| *pod != first).map(|pod| format!("\"{pod}\"")).collect();
+    assert_eq!(
+        sql_in(&ns, &first, "SHOW synchronous_standby_names")?,
+        format!("ANY 1 ({})", others.join(", ")),
+        "synchronous by default"
+    );
+    sql_in(
+        &ns,
+        &first,
+        "CREATE TABLE acked (id int PRIMARY KEY); GRANT ALL ON acked TO app; \
+         CREATE TABLE acked_session (id int PRIMARY KEY); GRANT ALL ON acked_session TO app",
+    )?;
 
     let pods = ns.api::<Pod>();
-    for pod in [client("writer", WRITER), client("sampler", &sampler())] {
+    for pod in [client("writer", WRITER), client("session", SESSION_WRITER), client("sampler", &sampler())] {
         pods.create(&PostParams::default(), &serde_json::from_value(pod)?).await?;
     }
     let disrupt = async {
@@ -299,6 +355,7 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         };
         eventually(DEFAULT_TIMEOUT, "the writer to commit", || async { writes_after(0).await >= 20 }).await?;
         let mut plan = vec![Disruption::Delete; DELETIONS.max(rounds())];
+        plan.extend(vec![Disruption::GracefulDelete; rounds()]);
         plan.push(Disruption::Hang);
         plan.extend(vec![Disruption::Switchover; rounds()]);
         plan.push(Disruption::Upgrade);
@@ -309,7 +366,9 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             eventually(DEFAULT_TIMEOUT, "writes to flow", || async { writes_after(flowing).await >= 3 }).await?;
             // A stepped-down primary restarts PostgreSQL inside its container: a container
             // restart would add the kubelet's back-off, which grows with each one.
-            let restarts_before = postgres_restarts(&pods.get(&primary).await?);
+            let primary_pod = pods.get(&primary).await?;
+            let restarts_before = postgres_restarts(&primary_pod);
+            let primary_ip = primary_pod.status.and_then(|s| s.pod_ip).unwrap_or_default();
             let before = now_ms();
             let started = Instant::now();
             let mut frozen = None;
@@ -317,6 +376,9 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
                 Disruption::Delete => {
                     pods.delete(&primary, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
                         .await?;
+                }
+                Disruption::GracefulDelete => {
+                    pods.delete(&primary, &DeleteParams::default()).await?;
                 }
                 Disruption::Hang => {
                     let pid = postmaster_pid(&pods.get(&primary).await?)?;
@@ -412,10 +474,10 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             );
             // An upgrade's window spans its whole rollout.
             let window = if disruption == Disruption::Upgrade { started.elapsed() } else { resumed };
-            downs.push((disruption, primary, before, window, record));
+            downs.push((disruption, primary, before, window, record, primary_ip));
         }
         settled(&ns).await?;
-        for pod in ["writer", "sampler"] {
+        for pod in ["writer", "session", "sampler"] {
             // An exec can fail on a loaded node (the kubelet's stream): asking again is harmless.
             eventually(DEFAULT_TIMEOUT, "the client to be told to stop", || async {
                 kubectl(&["-n", &ns.name, "exec", pod, "--", "touch", "/tmp/stop"]).is_ok()
@@ -426,21 +488,22 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     };
     let downs = disrupt.await?;
     let (written, sampled) = (ended(&ns, "writer").await?, ended(&ns, "sampler").await?);
+    let in_session = ended(&ns, "session").await?;
 
     // Writes down: the longest pause between two acknowledgements around each disruption (the old
     // primary may still acknowledge a few writes until the kubelet has killed it). An upgrade's
     // window spans its whole rollout: its longest pause must be no more than a switchover's.
     let acked = acknowledged(&written);
     let mut report = Vec::new();
-    for (n, (disruption, primary, at, resumed, record)) in downs.iter().enumerate() {
-        let next_at = downs.get(n + 1).map(|(_, _, next_at, _, _)| *next_at);
+    for (n, (disruption, primary, at, resumed, record, _)) in downs.iter().enumerate() {
+        let next_at = downs.get(n + 1).map(|(_, _, next_at, _, _, _)| *next_at);
         let gap = longest_pause(&acked, *at, at + resumed.as_millis() + 1000, next_at);
         eprintln!("{disruption:?} of {primary}: writes down {gap:?}");
         report.push((*disruption, gap, record.writes_down_ms));
     }
     // Every pause of more than a second, by when it began (for the record and for diagnosis).
-    let first = downs.first().map(|(_, _, at, _, _)| *at).unwrap_or_default();
-    for (disruption, primary, at, _, _) in &downs {
+    let first = downs.first().map(|(_, _, at, _, _, _)| *at).unwrap_or_default();
+    for (disruption, primary, at, _, _, _) in &downs {
         eprintln!("  t={:>7} ms: {disruption:?} of {primary}", at.saturating_sub(first));
     }
     for pair in acked.windows(2).filter(|pair| pair[1].1 - pair[0].1 > 1000) {
@@ -476,6 +539,32 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     let lost: Vec<u64> = acked.iter().map(|(id, _)| *id).filter(|id| !stored.contains(id)).collect();
     assert!(acked.len() >= 40, "too few writes to prove anything: {}", acked.len());
     assert!(lost.is_empty(), "{} acknowledged writes lost: {lost:?}", lost.len());
+    // ... nor anything the long-lived session saw acknowledged.
+    let session_acked = acknowledged(&in_session);
+    let stored: std::collections::BTreeSet<u64> =
+        sql_in(&ns, &primary, "SELECT id FROM acked_session")?.lines().filter_map(|l| l.parse().ok()).collect();
+    let lost: Vec<u64> = session_acked.iter().map(|(id, _)| *id).filter(|id| !stored.contains(id)).collect();
+    assert!(session_acked.len() >= 40, "too few writes in the session to prove anything: {}", session_acked.len());
+    for line in in_session.lines().filter(|line| {
+        line.strip_prefix("ok ")
+            .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok())
+            .is_some_and(|id| lost.contains(&id))
+    }) {
+        eprintln!(
+            "  lost in the session: {line} (t={} ms)",
+            line.split(' ').nth(2).and_then(|t| t.parse::<u128>().ok()).unwrap_or_default().saturating_sub(first)
+        );
+    }
+    assert!(lost.is_empty(), "{} writes acknowledged in the long-lived session lost: {lost:?}", lost.len());
+    // No old primary acknowledged after another server did, within each disruption's window.
+    let servers = acknowledging_servers(&in_session);
+    for (n, (disruption, old, at, _, _, old_ip)) in downs.iter().enumerate() {
+        let until = downs.get(n + 1).map_or(u128::MAX, |(_, _, next_at, _, _, _)| *next_at);
+        let window: Vec<&(u128, String)> = servers.iter().filter(|(t, _)| *t > *at && *t < until).collect();
+        let Some(first_new) = window.iter().find(|(_, server)| server != old_ip).map(|(t, _)| *t) else { continue };
+        let late: Vec<_> = window.iter().filter(|(t, server)| *t > first_new && server == old_ip).collect();
+        assert!(late.is_empty(), "{disruption:?}: the old primary {old} acknowledged after the new one: {late:?}");
+    }
 
     // Never two primaries: no sample found two instances taking writes.
     let samples: Vec<&str> = sampled.lines().filter(|l| l.split(' ').count() == 4).collect();
@@ -488,7 +577,7 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     assert!(one_primary * 2 >= samples.len(), "the sampler rarely saw a primary: {one_primary} of {}", samples.len());
 
     // Every lost instance is back, as a streaming replica of the current primary.
-    for (_, lost_primary, _, _, _) in &downs {
+    for (_, lost_primary, _, _, _, _) in &downs {
         if *lost_primary != primary {
             assert_eq!(sql_in(&ns, lost_primary, "SELECT pg_is_in_recovery()")?, "t", "{lost_primary}");
         }
@@ -505,9 +594,9 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         assert!(!events.trim().is_empty(), "no {reason} Event");
     }
     // Each record says what happened, as Keelson saw it.
-    for (disruption, lost, _, _, record) in &downs {
+    for (disruption, lost, _, _, record, _) in &downs {
         let (kind, reason) = match disruption {
-            Disruption::Delete => ("Failover", "its pod"),
+            Disruption::Delete | Disruption::GracefulDelete => ("Failover", "its pod"),
             Disruption::Hang => ("Failover", "its PostgreSQL stopped answering"),
             Disruption::Switchover => ("Switchover", "switchover to"),
             Disruption::Upgrade => ("Switchover", "rolling update"),

@@ -290,6 +290,96 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
     Ok(())
 }
 
+/// A failover's hold, through the script's `follow-orders`: a replica told to
+/// hold stops streaming, and then a synchronous primary that still runs cannot
+/// acknowledge a commit (it waits for a standby that is gone); lifted, the
+/// replica streams again under its pod's name and the commit completes.
+#[test]
+fn a_holding_replica_stops_streaming_and_a_synchronous_primary_then_acknowledges_nothing() -> anyhow::Result<()> {
+    if !postgres::available() {
+        return Ok(());
+    }
+    let scratch = Scratch::new("hold")?;
+    let script = script()?;
+    let primary = primary(&scratch, &script)?;
+    seed(&primary)?;
+    let replica_data = scratch.path.join("replica");
+    let mut env = base_env(&replica_data);
+    env.extend([("PRIMARY_HOST", "127.0.0.1".to_string()), ("PRIMARY_PORT", primary.port.to_string())]);
+    check(run(&script, &["init-replica"], &env)?, "init-replica")?;
+    let replica = Server::start(&replica_data, &scratch.path)?;
+
+    let orders = |name: &str, role: &str, synchronous: &str, hold: &str| -> anyhow::Result<PathBuf> {
+        let dir = scratch.path.join(format!("orders-{name}"));
+        std::fs::create_dir_all(&dir)?;
+        for (file, value) in [("role", role), ("synchronous-standbys", synchronous), ("hold", hold)] {
+            std::fs::write(dir.join(file), value)?;
+        }
+        chown_postgres(&dir)?;
+        Ok(dir)
+    };
+    let follow_orders = |server: &Server, pod: &str, dir: &std::path::Path| -> anyhow::Result<()> {
+        let env = [
+            ("PGBIN", postgres::bindir().to_string_lossy().into_owned()),
+            ("PGHOST", server.socket_dir().to_string_lossy().into_owned()),
+            ("PGPORT", server.port.to_string()),
+            ("ORDERS_DIR", dir.to_string_lossy().into_owned()),
+            ("POD_NAME", pod.to_string()),
+            ("PRIMARY_HOST", "127.0.0.1".to_string()),
+            ("PRIMARY_PORT", primary.port.to_string()),
+            ("REPLICATION_PASSWORD", REPLICATION_PASSWORD.to_string()),
+        ];
+        check(run(&script, &["follow-orders"], &env)?, "follow-orders")
+    };
+    let until = |what: &str, done: &dyn Fn() -> anyhow::Result<bool>| -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done()? {
+            anyhow::ensure!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    };
+    let receiving = || replica.psql_superuser("postgres", "SELECT count(*) FROM pg_stat_wal_receiver");
+
+    // The replica holds first; the primary's commits then wait for the standby it names.
+    follow_orders(&replica, "db-1", &orders("db-1", "replica", "", "db-0@1")?)?;
+    until("the holding replica to stop streaming", &|| Ok(receiving()? == "0"))?;
+    follow_orders(&primary, "db-0", &orders("db-0", "primary", "ANY 1 (\"db-1\")", "")?)?;
+    assert_eq!(primary.psql_superuser("postgres", "SHOW synchronous_standby_names")?, "ANY 1 (\"db-1\")");
+    // A replica holding longer than a stall must not be rewound or restarted: the hold is kept on every look.
+    follow_orders(&replica, "db-1", &scratch.path.join("orders-db-1"))?;
+    assert_eq!(receiving()?, "0", "a second look lifted the hold");
+
+    let (sender, commits) = std::sync::mpsc::channel();
+    let port = primary.port;
+    std::thread::spawn(move || {
+        let committed = std::process::Command::new(postgres::bindir().join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "app", "-d", "app", "-v", "ON_ERROR_STOP=1"])
+            .args(["-c", "INSERT INTO orders VALUES (7001, 'during-hold', 1)"])
+            .env("PGPASSWORD", APP_PASSWORD)
+            .output()
+            .map(|out| out.status.success());
+        let _ = sender.send(committed);
+    });
+    // The commit is in, waiting for a synchronous standby: not acknowledged.
+    until("the commit to wait for a synchronous standby", &|| {
+        Ok(primary.psql_superuser("postgres", "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")?
+            == "1")
+    })?;
+    assert!(commits.try_recv().is_err(), "a commit was acknowledged while its only standby held");
+
+    // Lifted: the replica streams as db-1, the standby the primary names, and the commit returns.
+    follow_orders(&replica, "db-1", &orders("db-1", "replica", "", "")?)?;
+    assert!(commits.recv_timeout(Duration::from_secs(60))?.unwrap_or(false), "the commit failed after the hold");
+    until("the replica to stream again", &|| Ok(receiving()? == "1"))?;
+    let standby = primary.psql_superuser("postgres", "SELECT application_name, sync_state FROM pg_stat_replication")?;
+    assert_eq!(standby, "db-1|quorum");
+    until("the row to reach the replica", &|| {
+        Ok(replica.psql("app", APP_PASSWORD, "app", "SELECT count(*) FROM orders WHERE id = 7001")? == "1")
+    })?;
+    Ok(())
+}
+
 /// The instance manager's one query (`keelson::instance::probe`) on a real
 /// primary and replica: roles, the version actually running, timeline, and
 /// the replica's lag as its primary counts it, by pod name.

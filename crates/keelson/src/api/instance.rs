@@ -12,6 +12,11 @@ pub const ROLE_LABEL: &str = "keelson.dev/role";
 /// Set by the operator on a replica's pod when it needs that replica's
 /// position now (a failover); the manager answers with `answering` = its value.
 pub const POSITION_REQUEST: &str = "db.keelson.dev/position-request";
+/// Set by the operator on a replica's pod, with a position request's token,
+/// when the replica must let go of the primary: it stops streaming (its
+/// position is then final), so a primary that is still running can no longer
+/// have commits confirmed by it. Removed once a primary is chosen.
+pub const HOLD_STREAMING: &str = "db.keelson.dev/hold-streaming";
 /// Set by the operator on every pod: PostgreSQL's `synchronous_standby_names`
 /// for when that instance is the primary (empty: asynchronous).
 pub const SYNCHRONOUS_STANDBYS: &str = "db.keelson.dev/synchronous-standbys";
@@ -50,6 +55,22 @@ pub struct InstanceReport {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unresponsive: bool,
 }
+
+/// A primary's lease: its manager counts it up on its pod every
+/// `LEASE_RENEW_EVERY` while it reaches the API server. The operator takes a
+/// primary whose count it has not seen move for `LEASE_EXPIRES_AFTER` for
+/// lost; the manager fences its server before that (see `instance::lease`).
+pub const LEASE: &str = "db.keelson.dev/primary-lease";
+/// How often a primary's manager renews its lease.
+pub const LEASE_RENEW_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+/// A primary that could not renew for this long (counted from sending the
+/// last renewal that succeeded), and has no replica streaming from it, stops
+/// its server: it may be cut off, and another may be promoted soon.
+pub const FENCE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+/// The operator takes a primary whose lease it has not seen renewed for this
+/// long for lost. Longer than `FENCE_AFTER` by the time a fast shutdown takes
+/// to end every session.
+pub const LEASE_EXPIRES_AFTER: std::time::Duration = std::time::Duration::from_secs(8);
 
 /// One replica as its primary sees it.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]

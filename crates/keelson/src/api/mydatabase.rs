@@ -10,6 +10,10 @@ use super::reference;
 /// `kubectl annotate mydatabase <name> db.keelson.dev/switchover-to=<pod>`:
 /// move the primary to that replica (removed once done or refused).
 pub const SWITCHOVER_ANNOTATION: &str = "db.keelson.dev/switchover-to";
+/// Set by a person on a MyDatabase whose failover is blocked (replicas that
+/// may hold the last acknowledged commits do not answer): promote the best of
+/// those that did, accepting that those commits may be lost. Removed once used.
+pub const FORCE_FAILOVER_ANNOTATION: &str = "db.keelson.dev/force-failover";
 
 /// PostgreSQL major versions Keelson knows how to run and replicate.
 pub const SUPPORTED_MAJORS: &[u32] = &[13, 14, 15, 16, 17];

@@ -16,6 +16,7 @@
 //! `keelson-postgres.sh` acts on them (promote, step down, reconfigure); and
 //! the position request of a failover, which it answers at once.
 
+pub mod lease;
 pub mod probe;
 
 use std::path::Path;
@@ -28,12 +29,20 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::api::instance::{ANNOTATION, InstanceReport, POSITION_REQUEST, ROLE_LABEL, SYNCHRONOUS_STANDBYS};
+use crate::api::instance::{
+    ANNOTATION, HOLD_STREAMING, InstanceReport, LEASE, LEASE_RENEW_EVERY, POSITION_REQUEST, ROLE_LABEL, Role,
+    SYNCHRONOUS_STANDBYS,
+};
+use lease::Lease;
 use probe::Server;
 
 pub const FIELD_MANAGER: &str = "keelson-instance";
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 const POSITIONS_EVERY: Duration = Duration::from_secs(5);
+/// Where PostgreSQL's container says it (re)started (in the socket folder both share).
+const BOOT_FILE: &str = ".keelson-boot";
+/// How often a replica told to hold is looked at until it stops streaming.
+const HOLD_LOOK_EVERY: Duration = Duration::from_millis(200);
 /// One look may take this long: a server that takes longer does not answer.
 const LOOK_TIMEOUT: Duration = Duration::from_secs(2);
 /// A server that answered before and has not for this long is reported
@@ -83,22 +92,37 @@ pub struct RunArgs {
 }
 
 /// Writes what the operator decided for this pod as files, when it changed.
+/// The hold is written empty when the operator lifted it.
 fn write_orders(dir: &Path, pod: &Pod) -> Result<(), InstanceError> {
-    let orders =
-        [("role", pod.labels().get(ROLE_LABEL)), ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS))];
+    let no_hold = String::new();
+    let orders = [
+        ("role", pod.labels().get(ROLE_LABEL)),
+        ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS)),
+        ("hold", Some(pod.annotations().get(HOLD_STREAMING).unwrap_or(&no_hold))),
+    ];
     for (file, value) in orders {
         let Some(value) = value else { continue };
-        let path = dir.join(file);
-        if std::fs::read_to_string(&path).ok().as_deref() == Some(value.as_str()) {
-            continue;
-        }
-        let error = |source| InstanceError::Orders { path: path.display().to_string(), source };
-        let partial = dir.join(format!(".{file}.partial"));
-        std::fs::write(&partial, value).map_err(error)?;
-        std::fs::rename(&partial, &path).map_err(error)?;
-        tracing::info!(file, value = value.as_str(), "new order from the operator");
+        write_order(dir, file, value)?;
     }
     Ok(())
+}
+
+/// Writes one order file (atomically), when it changed.
+fn write_order(dir: &Path, file: &str, value: &str) -> Result<(), InstanceError> {
+    let path = dir.join(file);
+    if std::fs::read_to_string(&path).ok().as_deref() == Some(value) {
+        return Ok(());
+    }
+    let error = |source| InstanceError::Orders { path: path.display().to_string(), source };
+    let partial = dir.join(format!(".{file}.partial"));
+    std::fs::write(&partial, value).map_err(error)?;
+    std::fs::rename(&partial, &path).map_err(error)?;
+    tracing::info!(file, value, "new order");
+    Ok(())
+}
+
+fn labelled_primary(pod: &Pod) -> bool {
+    pod.labels().get(ROLE_LABEL).map(String::as_str) == Some("primary")
 }
 
 /// Decides which looks become reports.
@@ -155,14 +179,27 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
     let mut orders = watcher(pods.clone(), own_pod).default_backoff().applied_objects().boxed();
     let stop = crate::operator::termination_signal();
     tokio::pin!(stop);
-    let mut tick = tokio::time::interval(LOOK_EVERY);
+    // Told to hold, the server stops streaming within a moment: look often
+    // until it has, so that the final position reaches the operator at once.
+    let mut holding = false;
+    let mut still_streaming = false;
+    let mut primary = false;
+    let mut lease = Lease::new(Instant::now());
+    let mut renew_failed_at: Option<Instant> = None;
+    let params = PatchParams::apply(FIELD_MANAGER);
+    let mut acknowledged = String::new();
+    let mut looked = tokio::time::Instant::now();
     loop {
+        // Events on the pod do not put the next look off.
+        let look_in = if holding && still_streaming { HOLD_LOOK_EVERY } else { LOOK_EVERY };
         tokio::select! {
             _ = &mut stop => return Ok(()),
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep_until(looked + look_in) => {}
             event = orders.next() => match event {
                 Some(Ok(own)) => {
                     write_orders(&args.orders_dir, &own)?;
+                    holding = own.annotations().contains_key(HOLD_STREAMING);
+                    primary = labelled_primary(&own);
                     let request = own.annotations().get(POSITION_REQUEST).cloned();
                     if request.is_none() || request == answering {
                         continue;
@@ -177,8 +214,67 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                 None => return Ok(()),
             },
         }
-        let seen = match server.probe(LOOK_TIMEOUT).await {
+        looked = tokio::time::Instant::now();
+        let probed = server.probe(LOOK_TIMEOUT).await;
+        // The lease first: a look at a hung server must not hold it up.
+        let replica_streaming = probed
+            .as_ref()
+            .is_ok_and(|seen| seen.role == Role::Primary && seen.replicas.iter().any(|r| r.state == "streaming"));
+        if primary {
+            lease.replicas_streaming(replica_streaming);
+            if let Some(count) = lease.due(Instant::now()) {
+                let sent = Instant::now();
+                let patch = Patch::Merge(json!({"metadata": {"annotations": {LEASE: count.to_string()}}}));
+                let renewal = pods.patch(&pod, &params, &patch);
+                match tokio::time::timeout(LEASE_RENEW_EVERY, renewal).await {
+                    Ok(Ok(own)) => {
+                        lease.renewed(sent);
+                        renew_failed_at = None;
+                        // The pod as it is now: a cut-off primary learns it was replaced before it unfences.
+                        write_orders(&args.orders_dir, &own)?;
+                        primary = labelled_primary(&own);
+                    }
+                    failed => {
+                        let error = match failed {
+                            Ok(Err(error)) => error.to_string(),
+                            _ => format!("no answer within {LEASE_RENEW_EVERY:?}"),
+                        };
+                        if renew_failed_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+                            tracing::warn!(namespace, pod, error, "could not renew the primary lease");
+                            renew_failed_at = Some(Instant::now());
+                        }
+                    }
+                }
+            }
+        }
+        if !primary {
+            lease = Lease::new(Instant::now());
+        }
+        let fence = if primary { lease.fence(Instant::now(), replica_streaming) } else { None };
+        write_order(&args.orders_dir, "fence", fence.as_deref().unwrap_or_default())?;
+        // A new start of PostgreSQL's container waits for its orders to be read anew.
+        let boot = std::fs::read_to_string(Path::new(&server.socket_dir).join(BOOT_FILE)).unwrap_or_default();
+        if !boot.is_empty() && boot != acknowledged {
+            // A list by name: the Role grants list and watch, not get.
+            let by_name = kube::api::ListParams::default().fields(&format!("metadata.name={pod}"));
+            match tokio::time::timeout(LOOK_TIMEOUT, pods.list(&by_name)).await {
+                Ok(Ok(list)) => {
+                    let Some(own) = list.items.first() else {
+                        return Err(InstanceError::MissingEnv("POD_NAME (naming a pod that exists)"));
+                    };
+                    write_orders(&args.orders_dir, own)?;
+                    holding = own.annotations().contains_key(HOLD_STREAMING);
+                    primary = labelled_primary(own);
+                    write_order(&args.orders_dir, "ack", &boot)?;
+                    acknowledged = boot;
+                }
+                Ok(Err(error)) => tracing::warn!(namespace, pod, %error, "cannot read this pod"),
+                Err(_) => tracing::warn!(namespace, pod, "cannot read this pod: no answer within {LOOK_TIMEOUT:?}"),
+            }
+        }
+        let seen = match probed {
             Ok(mut seen) => {
+                still_streaming = seen.streaming;
                 failing_since = None;
                 answered_last = Some(Instant::now());
                 seen.answering = answering.clone();
@@ -200,12 +296,18 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
             }
         };
         let Some(seen) = seen else { continue };
-        let patch =
-            json!({"metadata": {"annotations": {ANNOTATION: serde_json::to_string(&seen).unwrap_or_default()}}});
-        match pods.patch(&pod, &PatchParams::apply(FIELD_MANAGER), &Patch::Merge(&patch)).await {
-            Ok(_) => tracing::debug!(namespace, pod, role = ?seen.role, lsn = seen.lsn, "reported"),
-            Err(error) => {
+        let patch = Patch::Merge(
+            json!({"metadata": {"annotations": {ANNOTATION: serde_json::to_string(&seen).unwrap_or_default()}}}),
+        );
+        let report = pods.patch(&pod, &params, &patch);
+        match tokio::time::timeout(LOOK_TIMEOUT, report).await {
+            Ok(Ok(_)) => tracing::debug!(namespace, pod, role = ?seen.role, lsn = seen.lsn, "reported"),
+            Ok(Err(error)) => {
                 tracing::warn!(namespace, pod, %error, "could not report");
+                reporter.forget();
+            }
+            Err(_) => {
+                tracing::warn!(namespace, pod, "could not report: no answer within {LOOK_TIMEOUT:?}");
                 reporter.forget();
             }
         }

@@ -2,8 +2,14 @@
 //! recorded as the pods' role label (which `-rw` and `-ro` select, and which
 //! each instance manager hands to its PostgreSQL) and in `status.currentPrimary`.
 //!
-//! While the primary serves, it stays. When its pod is gone, going, or its
-//! PostgreSQL container is not running, the replicas are asked for their
+//! While the primary serves, it stays. A primary whose pod is being deleted
+//! still runs until the kubelet stops it (SIGTERM: a fast shutdown that ends
+//! every session and sends its last WAL to the replicas), and a replica
+//! promoted before that could miss commits it still acknowledges: Keelson
+//! waits for its PostgreSQL to stop, or for the deletion's deadline to pass
+//! (by then the kubelet has killed it, if it can reach it). When its pod is
+//! gone, its PostgreSQL stopped, or it was deleted and that wait is over,
+//! the replicas are asked for their
 //! positions at that moment (a request annotation their managers answer at
 //! once), and the one that received the most WAL is promoted: with
 //! synchronous replication to at least one replica, it holds every commit a
@@ -16,11 +22,12 @@
 //! does the I/O.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::instances;
 use super::names;
-use crate::api::instance::{InstanceReport, Role};
+use crate::api::instance::{InstanceReport, LEASE_EXPIRES_AFTER, Role};
 
 /// A WAL position (`X/Y` in hex) as a number.
 pub fn parse_lsn(lsn: &str) -> Option<u64> {
@@ -33,11 +40,18 @@ pub fn parse_lsn(lsn: &str) -> Option<u64> {
 pub enum Decision {
     /// This pod is (or is to be) the primary; nothing else to do.
     Keep(String),
+    /// The primary's pod is being deleted while its PostgreSQL still runs:
+    /// no promotion until it has stopped (look again soon).
+    AwaitStop { primary: String, why: String },
     /// The primary is lost; these replicas must report their positions now
     /// (the token is what their answer must carry).
     AskPositions { lost: String, why: String, ask: Vec<String>, token: String },
     /// Promote `to`: every live replica answered, `to` received the most.
     Promote(Promotion),
+    /// The primary is lost, but replicas that may hold the last acknowledged
+    /// commit have not given a final position: no promotion (quorum), unless
+    /// forced.
+    Blocked { lost: String, why: String, waiting_for: Vec<String> },
     /// The primary is lost and no replica can take over (none live).
     NoCandidate { lost: String, why: String },
 }
@@ -61,17 +75,20 @@ pub fn recorded_primary(pods: &[Pod], status_primary: Option<&str>, statefulset:
         .unwrap_or_else(|| format!("{statefulset}-0"))
 }
 
-/// Why `pod` cannot serve as the primary, if it cannot.
-fn lost(pod: Option<&Pod>) -> Option<String> {
+/// Why `pod` cannot serve as the primary, if it cannot. A pod being deleted
+/// whose PostgreSQL still runs is not lost yet (see [`Stopping`]).
+fn lost(pod: Option<&Pod>, now: Option<Timestamp>) -> Option<String> {
     let Some(pod) = pod else { return Some("its pod is gone".into()) };
-    if pod.metadata.deletion_timestamp.is_some() {
-        return Some("its pod is being deleted".into());
+    if let Some(deleted) = &pod.metadata.deletion_timestamp {
+        // For a pod, the deletion timestamp is the end of its grace period.
+        let deadline_passed = now.is_some_and(|now| now >= deleted.0);
+        return match (postgres_running(pod), deadline_passed) {
+            (false, _) => Some("its pod is being deleted and its PostgreSQL stopped".into()),
+            (true, true) => Some("its pod is being deleted and its grace period is over".into()),
+            (true, false) => None,
+        };
     }
-    let postgres = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|statuses| statuses.iter().find(|c| c.name == "postgres"));
+    let postgres = postgres_status(pod);
     // A container that ran before and is not running now has died (a fresh pod has not started yet).
     match postgres {
         Some(c) if c.restart_count > 0 && c.state.as_ref().and_then(|s| s.running.as_ref()).is_none() => {
@@ -80,6 +97,26 @@ fn lost(pod: Option<&Pod>) -> Option<String> {
         _ if instances::report(pod).is_some_and(|r| r.unresponsive) => Some("its PostgreSQL stopped answering".into()),
         _ => None,
     }
+}
+
+fn labelled_primary(pod: &Pod) -> bool {
+    pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(super::services::PRIMARY)
+}
+
+fn postgres_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
+    pod.status.as_ref()?.container_statuses.as_ref()?.iter().find(|c| c.name == "postgres")
+}
+
+fn postgres_running(pod: &Pod) -> bool {
+    postgres_status(pod).and_then(|c| c.state.as_ref()).is_some_and(|s| s.running.is_some())
+}
+
+/// Why the primary's pod must be waited for: it is being deleted and its
+/// PostgreSQL still runs (it may still acknowledge commits).
+fn stopping(pod: Option<&Pod>) -> Option<String> {
+    let pod = pod?;
+    (pod.metadata.deletion_timestamp.is_some() && postgres_running(pod))
+        .then(|| "its pod is being deleted; waiting for its PostgreSQL to stop before a promotion".into())
 }
 
 /// Why `target` cannot take over from `primary` in a switchover, if it cannot:
@@ -93,7 +130,8 @@ pub fn switchover_refusal(target: &str, primary: &str, pods: &[Pod]) -> Option<S
         return Some(format!("{target} is the primary already"));
     }
     let report = instances::report(pod);
-    let healthy = lost(Some(pod)).is_none()
+    let healthy = pod.metadata.deletion_timestamp.is_none()
+        && lost(Some(pod), None).is_none()
         && crate::runtime::pods::is_ready(pod)
         && report.as_ref().is_some_and(|r| r.role == Role::Replica && r.streaming);
     (!healthy).then(|| format!("{target} is not a healthy replica (it must be ready and streaming from {primary})"))
@@ -113,22 +151,37 @@ pub struct Situation<'a> {
     pub stepping_down: Option<&'a str>,
     /// A switchover's target: promoted when it received as much as any other.
     pub prefer: Option<&'a str>,
-    /// Replicas that have not answered by now are taken for dead, and the
-    /// best of those that did is promoted.
+    /// The replicas were told to hold (stop streaming) long enough ago that
+    /// any of them still without a final answer is not going to give one soon.
     pub waited_enough: bool,
+    /// A person forced the failover: past the wait, the best of the replicas
+    /// that answered is promoted even though others did not.
+    pub forced: bool,
+    /// The primary's lease has not been renewed for `LEASE_EXPIRES_AFTER`: it
+    /// is cut off (and has fenced itself), or its node is gone.
+    pub lease_expired: bool,
+    /// The time, for a deleted pod's grace period; None: it has not passed.
+    pub now: Option<Timestamp>,
 }
 
 pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
-    let Situation { asked, stepping_down, prefer, waited_enough } = *situation;
+    let Situation { asked, stepping_down, prefer, waited_enough, forced, lease_expired, now } = *situation;
     let current = pods.iter().find(|p| p.name_any() == primary);
     // A pod of that name without the role is a new one (the StatefulSet
     // replaced the primary's pod, or the database is starting): it serves
     // nothing until it is given a role, so a live replica takes over first.
-    let unlabelled = current
-        .filter(|p| p.labels().get(names::ROLE_LABEL).map(String::as_str) != Some(super::services::PRIMARY))
-        .map(|_| "its pod was replaced".to_string());
+    let unlabelled = current.filter(|p| !labelled_primary(p)).map(|_| "its pod was replaced".to_string());
     let stepped_down = stepping_down.map(str::to_string);
-    let Some(why) = stepped_down.or_else(|| lost(current)).or(unlabelled) else {
+    let expired = (lease_expired && current.is_some()).then(|| {
+        format!(
+            "its lease was not renewed for {}s (its node or its instance manager is cut off)",
+            LEASE_EXPIRES_AFTER.as_secs()
+        )
+    });
+    let Some(why) = stepped_down.or_else(|| lost(current, now)).or(unlabelled).or(expired) else {
+        if let Some(why) = stopping(current) {
+            return Decision::AwaitStop { primary: primary.to_string(), why };
+        }
         return Decision::Keep(primary.to_string());
     };
     let candidates = candidates(primary, pods);
@@ -140,14 +193,24 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
         return Decision::AskPositions { lost: primary.to_string(), why, token: String::new(), ask: names };
     };
     // An answer counts once the replica no longer streams: while it does, the
-    // old primary still runs (a deleted pod's processes outlive its object for
-    // a moment) and may send more WAL, so the positions are not final yet.
+    // old primary may still run (a deleted pod's processes outlive its object,
+    // a hung postmaster's backends go on committing, a partitioned node keeps
+    // serving its own clients) and have commits confirmed by it. A replica
+    // told to hold stops streaming; once every replica that could confirm a
+    // commit has, the old primary can acknowledge nothing more (synchronous
+    // replication), and the most advanced of them holds every commit it did.
     let answers: Vec<(String, InstanceReport)> = candidates
         .iter()
         .filter_map(|p| Some((p.name_any(), answer(p, token)?)))
-        .filter(|(_, report)| !report.streaming || waited_enough)
+        .filter(|(_, report)| !report.streaming)
         .collect();
-    if answers.is_empty() || (answers.len() < candidates.len() && !waited_enough) {
+    let waiting_for: Vec<String> =
+        names.iter().filter(|name| !answers.iter().any(|(answered, _)| answered == *name)).cloned().collect();
+    let overridden = waited_enough && forced && !answers.is_empty();
+    if !waiting_for.is_empty() && !overridden {
+        if waited_enough {
+            return Decision::Blocked { lost: primary.to_string(), why, waiting_for };
+        }
         return Decision::AskPositions { lost: primary.to_string(), why, token: token.to_string(), ask: names };
     }
     let position = |r: &InstanceReport| r.received_lsn.as_deref().or(Some(&r.lsn)).and_then(parse_lsn).unwrap_or(0);
@@ -172,7 +235,7 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
 /// and a promotion waits for all of them (up to the time limit).
 pub fn candidates<'a>(primary: &str, pods: &'a [Pod]) -> Vec<&'a Pod> {
     pods.iter()
-        .filter(|p| p.name_any() != primary && lost(Some(p)).is_none())
+        .filter(|p| p.name_any() != primary && p.metadata.deletion_timestamp.is_none() && lost(Some(p), None).is_none())
         .filter(|p| pods_running(p) && instances::report(p).is_some_and(|r| r.role == Role::Replica))
         .collect()
 }
@@ -253,13 +316,20 @@ mod tests {
             decide("db-0", &pods, &Situation { asked: Some("t1"), ..Default::default() }),
             Decision::AskPositions { .. }
         ));
-        // db-2's old report said more, but only answers count: past the wait, db-1 is taken.
-        let Decision::Promote(promotion) =
-            decide("db-0", &pods, &Situation { asked: Some("t1"), waited_enough: true, ..Default::default() })
-        else {
-            panic!("no promotion")
-        };
+        // db-2 may hold the last acknowledged commit: past the wait, no promotion without it (quorum).
+        assert_eq!(
+            decide("db-0", &pods, &Situation { asked: Some("t1"), waited_enough: true, ..Default::default() }),
+            Decision::Blocked { lost: "db-0".into(), why: "its pod is gone".into(), waiting_for: vec!["db-2".into()] }
+        );
+        // Forced by a person: db-2's old report said more, but only answers count, so db-1 is taken.
+        let forced = Situation { asked: Some("t1"), waited_enough: true, forced: true, ..Default::default() };
+        let Decision::Promote(promotion) = decide("db-0", &pods, &forced) else { panic!("no promotion") };
         assert_eq!(promotion.to, "db-1");
+        // Forcing does not skip the wait.
+        assert!(matches!(
+            decide("db-0", &pods, &Situation { waited_enough: false, ..forced }),
+            Decision::AskPositions { .. }
+        ));
         let pods = [pod("db-1", Role::Replica, "0/500", Some("t1")), pod("db-2", Role::Replica, "1/0", Some("t1"))];
         let Decision::Promote(promotion) =
             decide("db-0", &pods, &Situation { asked: Some("t1"), ..Default::default() })
@@ -285,12 +355,11 @@ mod tests {
             decide("db-0", &pods, &Situation { asked: Some("t1"), ..Default::default() }),
             Decision::AskPositions { .. }
         ));
-        let Decision::Promote(promotion) =
-            decide("db-0", &pods, &Situation { asked: Some("t1"), waited_enough: true, ..Default::default() })
-        else {
-            panic!("no promotion")
-        };
-        assert_eq!(promotion.to, "db-1", "past the wait, the most advanced all the same");
+        // Past the wait too: a streaming replica may still confirm the old primary's commits.
+        assert!(matches!(
+            decide("db-0", &pods, &Situation { asked: Some("t1"), waited_enough: true, ..Default::default() }),
+            Decision::Blocked { ref waiting_for, .. } if waiting_for == &["db-1"]
+        ));
     }
 
     #[test]
@@ -304,7 +373,7 @@ mod tests {
             asked: Some("t1"),
             stepping_down: Some("switchover to db-2 requested"),
             prefer: Some("db-2"),
-            waited_enough: false,
+            ..Default::default()
         };
         let Decision::Promote(promotion) = decide("db-0", &pods, &situation) else { panic!("no promotion") };
         assert_eq!((promotion.to.as_str(), promotion.why.as_str()), ("db-2", "switchover to db-2 requested"));
@@ -357,10 +426,99 @@ mod tests {
     fn a_leaving_primary_with_no_live_replica_has_no_successor() {
         let mut leaving = pod("db-0", Role::Primary, "0/500", None);
         leaving.metadata.deletion_timestamp = Some(crate::runtime::status::now());
+        stop_postgres(&mut leaving);
         let mut dead = pod("db-1", Role::Replica, "0/500", None);
         dead.status = None;
         let decision = decide("db-0", &[leaving, dead], &Situation::default());
-        assert_eq!(decision, Decision::NoCandidate { lost: "db-0".into(), why: "its pod is being deleted".into() });
+        assert_eq!(
+            decision,
+            Decision::NoCandidate {
+                lost: "db-0".into(),
+                why: "its pod is being deleted and its PostgreSQL stopped".into()
+            }
+        );
+    }
+
+    fn stop_postgres(pod: &mut Pod) {
+        for status in pod.status.iter_mut().flat_map(|s| s.container_statuses.iter_mut().flatten()) {
+            status.state = Some(ContainerState {
+                terminated: Some(k8s_openapi::api::core::v1::ContainerStateTerminated::default()),
+                ..Default::default()
+            });
+        }
+    }
+
+    #[test]
+    fn a_primary_being_deleted_is_waited_for_until_its_postgres_stops_or_its_grace_period_ends() {
+        let mut leaving = labelled(pod("db-0", Role::Primary, "0/500", None), "primary");
+        let grace_ends = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(30);
+        leaving.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(grace_ends));
+        let replicas = [pod("db-1", Role::Replica, "0/500", None), pod("db-2", Role::Replica, "0/400", None)];
+        let with = |primary: &Pod| [vec![primary.clone()], replicas.to_vec()].concat();
+        // Still running, within its grace period: it may acknowledge commits, so no promotion.
+        let during = Situation { now: Some(Timestamp::now()), ..Default::default() };
+        assert!(
+            matches!(decide("db-0", &with(&leaving), &during), Decision::AwaitStop { ref primary, .. } if primary == "db-0")
+        );
+        // Past its grace period (its node may be unreachable): lost.
+        let after = Situation { now: Some(grace_ends), ..Default::default() };
+        assert!(matches!(
+            decide("db-0", &with(&leaving), &after),
+            Decision::AskPositions { ref why, .. } if why == "its pod is being deleted and its grace period is over"
+        ));
+        // Its PostgreSQL stopped (the kubelet's SIGTERM: a fast shutdown): lost, the replicas are asked.
+        stop_postgres(&mut leaving);
+        assert!(matches!(
+            decide("db-0", &with(&leaving), &during),
+            Decision::AskPositions { ref ask, .. } if ask == &["db-1", "db-2"]
+        ));
+    }
+
+    #[test]
+    fn streaming_answers_never_count_and_held_ones_do() {
+        // A hung primary: fenced (relabelled a replica), its report still says primary.
+        let mut hung = labelled(pod("db-0", Role::Primary, "0/900", None), "replica");
+        let mut report = instances::report(&hung).expect("report");
+        report.unresponsive = true;
+        hung.metadata.annotations =
+            Some([(ANNOTATION.to_string(), serde_json::to_string(&report).expect("json"))].into());
+        // Both answered, still streaming from it (its backends go on committing).
+        let streaming = |name: &str, lsn: &str, streaming: bool| {
+            let mut replica = pod(name, Role::Replica, lsn, Some("t1"));
+            let mut report = instances::report(&replica).expect("report");
+            report.streaming = streaming;
+            replica.metadata.annotations =
+                Some([(ANNOTATION.to_string(), serde_json::to_string(&report).expect("json"))].into());
+            replica
+        };
+        let before_hold = [hung.clone(), streaming("db-1", "0/900", true), streaming("db-2", "0/880", true)];
+        let waiting = Situation { asked: Some("t1"), ..Default::default() };
+        assert!(matches!(decide("db-0", &before_hold, &waiting), Decision::AskPositions { .. }));
+        // Holding, they stopped streaming: their positions are final, the old primary confirms nothing more.
+        let held = [hung, streaming("db-1", "0/900", false), streaming("db-2", "0/880", false)];
+        assert!(matches!(decide("db-0", &held, &waiting), Decision::Promote(ref p) if p.to == "db-1"));
+    }
+
+    #[test]
+    fn a_primary_whose_lease_expired_is_lost_though_its_pod_looks_fine() {
+        // A partitioned or powered-off node: the pod still says Running, its report is the last it sent.
+        let pods =
+            [labelled(pod("db-0", Role::Primary, "0/500", None), "primary"), pod("db-1", Role::Replica, "0/500", None)];
+        assert_eq!(decide("db-0", &pods, &Situation::default()), Decision::Keep("db-0".into()));
+        let expired = Situation { lease_expired: true, ..Default::default() };
+        assert!(matches!(
+            decide("db-0", &pods, &expired),
+            Decision::AskPositions { ref why, .. } if why.starts_with("its lease was not renewed")
+        ));
+    }
+
+    #[test]
+    fn a_replica_being_deleted_is_no_candidate() {
+        let mut leaving = pod("db-2", Role::Replica, "0/900", None);
+        leaving.metadata.deletion_timestamp = Some(crate::runtime::status::now());
+        let pods = [pod("db-1", Role::Replica, "0/500", None), leaving];
+        let names: Vec<String> = candidates("db-0", &pods).iter().map(|p| p.name_any()).collect();
+        assert_eq!(names, ["db-1"]);
     }
 
     #[test]

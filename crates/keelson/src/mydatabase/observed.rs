@@ -58,6 +58,10 @@ pub struct Observed {
     pub failover_pending: bool,
     /// The newest failover this operator decided (set by apply).
     pub failover: Option<crate::api::mydatabase::FailoverRecord>,
+    /// Why a failover may not promote anyone yet (set by apply).
+    pub failover_blocked: Option<String>,
+    /// When the primary's lease expires unless renewed (set by apply).
+    pub lease_expires_in: Option<std::time::Duration>,
 }
 
 impl Caches {
@@ -111,5 +115,7 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
         primary: None,
         failover_pending: false,
         failover: None,
+        failover_blocked: None,
+        lease_expires_in: None,
     })
 }

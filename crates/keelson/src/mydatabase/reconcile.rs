@@ -25,8 +25,10 @@ use super::rollout::{self, Step};
 use super::statefulset::StorageChange;
 use super::{backup, credentials, deletion, instances, names, pdb, scripts, services, statefulset, status, validation};
 use crate::Result;
-use crate::api::instance::{POSITION_REQUEST, Role, SYNCHRONOUS_STANDBYS};
-use crate::api::mydatabase::{FailoverRecord, MyDatabase, MyDatabaseStatus, ReplicationMode, SWITCHOVER_ANNOTATION};
+use crate::api::instance::{HOLD_STREAMING, LEASE, LEASE_EXPIRES_AFTER, POSITION_REQUEST, Role, SYNCHRONOUS_STANDBYS};
+use crate::api::mydatabase::{
+    FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase, MyDatabaseStatus, ReplicationMode, SWITCHOVER_ANNOTATION,
+};
 use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -53,6 +55,10 @@ pub struct PrimaryState {
     last: Option<FailoverRecord>,
     /// When `last` began, to measure its write downtime (status times are whole seconds).
     last_began: Option<Instant>,
+    /// Why the failover under way may not promote anyone (quorum), for status.
+    blocked: Option<String>,
+    /// The primary's lease as last seen moving: its pod, its count, and when.
+    lease_seen: Option<(String, String, Instant)>,
 }
 
 /// A failover or switchover waiting for the replicas' positions.
@@ -65,6 +71,12 @@ struct Pending {
     /// Why the primary counted as lost when the failover began (fencing may add reasons later).
     why: String,
     switchover: Option<Switchover>,
+    /// When the replicas were told to hold (stop streaming): at once in a
+    /// failover; in a switchover only if they still stream after the wait
+    /// (the stepped-down primary's clean shutdown normally ends it first).
+    held_at: Option<Instant>,
+    /// The blocked failover's Event was sent.
+    blocked_told: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -75,8 +87,9 @@ struct Switchover {
     requested: bool,
 }
 
-/// How long a failover waits for every live replica's position before it
-/// promotes the best of those that answered (the others are taken for dead).
+/// How long a switchover waits for its replicas to stop streaming on their
+/// own before they are told to hold, and how long held replicas may take to
+/// answer before a failover says it is blocked.
 const POSITION_WAIT: Duration = Duration::from_secs(3);
 
 /// Every child the spec asks for; None where an optional one is switched off.
@@ -178,7 +191,10 @@ impl Reconciler for MyDatabaseReconciler {
         if !failover_pending {
             failover_pending = self.move_primary(db, &observed, statefulset.as_ref(), &primary, applier).await;
         }
-        let failover = self.state(db).last;
+        let lease_expires_in = self
+            .lease_unrenewed(db, &primary, &observed.pods)
+            .map(|unrenewed| LEASE_EXPIRES_AFTER.saturating_sub(unrenewed));
+        let PrimaryState { last: failover, blocked: failover_blocked, .. } = self.state(db);
         Observed {
             credentials,
             statefulset,
@@ -187,6 +203,8 @@ impl Reconciler for MyDatabaseReconciler {
             primary: Some(primary),
             failover_pending,
             failover,
+            failover_blocked,
+            lease_expires_in,
             ..observed
         }
     }
@@ -196,8 +214,10 @@ impl Reconciler for MyDatabaseReconciler {
     }
 
     /// While a failover waits for positions, look again soon (answers also arrive as pod events).
+    /// ... and when the primary's lease would expire (renewals arrive as pod events).
     fn recheck(_db: &MyDatabase, observed: &Observed) -> Option<Duration> {
-        observed.failover_pending.then_some(Duration::from_millis(250))
+        let lease = observed.lease_expires_in.map(|left| left + Duration::from_millis(100));
+        observed.failover_pending.then_some(Duration::from_millis(250)).into_iter().chain(lease).min()
     }
 
     fn current_status(db: &MyDatabase) -> Option<&MyDatabaseStatus> {
@@ -274,6 +294,19 @@ impl MyDatabaseReconciler {
         change(self.primaries.lock().unwrap_or_else(|p| p.into_inner()).entry(key(db)).or_default());
     }
 
+    /// How long the lease of `primary` has not been seen renewed, if its
+    /// manager holds one (managers on fake nodes, or from before leases, do not).
+    fn lease_unrenewed(&self, db: &MyDatabase, primary: &str, pods: &[Pod]) -> Option<Duration> {
+        let pod = pods.iter().find(|p| p.name_any() == primary)?;
+        let count = pod.annotations().get(LEASE)?;
+        let mut unrenewed = Duration::ZERO;
+        self.update_state(db, |state| match &state.lease_seen {
+            Some((pod, seen, at)) if pod == primary && seen == count => unrenewed = at.elapsed(),
+            _ => state.lease_seen = Some((primary.to_string(), count.clone(), Instant::now())),
+        });
+        Some(unrenewed)
+    }
+
     /// Keeps the primary Keelson chose (see `failover`), replacing a lost
     /// one; returns it, and whether a failover or switchover waits for positions.
     async fn elect_primary(&self, db: &MyDatabase, observed: &Observed, applier: &Applier<'_>) -> (String, bool) {
@@ -284,14 +317,19 @@ impl MyDatabaseReconciler {
             .chosen
             .clone()
             .unwrap_or_else(|| failover::recorded_primary(&observed.pods, status_primary, &names::statefulset(db)));
+        let lease_unrenewed = self.lease_unrenewed(db, &recorded, &observed.pods);
         let pending = state.pending.as_ref();
-        let waited = pending.is_some_and(|p| p.asked_at.elapsed() >= POSITION_WAIT);
+        let waited = pending.and_then(|p| p.held_at).is_some_and(|held| held.elapsed() >= POSITION_WAIT);
         let switchover = pending.and_then(|p| p.switchover.as_ref());
+        let forced = db.annotations().contains_key(FORCE_FAILOVER_ANNOTATION);
         let situation = failover::Situation {
             asked: pending.map(|p| p.token.as_str()),
             stepping_down: switchover.map(|s| s.why.as_str()),
             prefer: switchover.map(|s| s.to.as_str()),
             waited_enough: waited,
+            forced,
+            lease_expired: lease_unrenewed.is_some_and(|unrenewed| unrenewed >= LEASE_EXPIRES_AFTER),
+            now: Some(k8s_openapi::jiff::Timestamp::now()),
         };
         match failover::decide(&recorded, &observed.pods, &situation) {
             Decision::Keep(primary) => {
@@ -300,6 +338,7 @@ impl MyDatabaseReconciler {
                 self.update_state(db, |state| {
                     state.chosen = Some(primary.clone());
                     state.pending = None;
+                    state.blocked = None;
                     // The first report of the promoted instance taking writes ends the downtime.
                     if let Some(record) = state.last.as_mut().filter(|r| r.to == primary && r.serving_at.is_none())
                         && serving
@@ -311,13 +350,49 @@ impl MyDatabaseReconciler {
                 label_pods(db, &observed.pods, &primary, applier).await;
                 (primary, false)
             }
+            Decision::AwaitStop { primary, why } => {
+                // Handing over: the pod's SIGTERM stops PostgreSQL (fast), then the replicas are asked.
+                tracing::debug!(namespace, name, primary, why, "primary leaving; no promotion until it has stopped");
+                (primary, true)
+            }
             Decision::AskPositions { lost, why, ask, token } => {
                 if token.is_empty() {
-                    tracing::warn!(namespace, name, primary = lost, why, replicas = ?ask, "primary lost; asking the replicas for their positions");
+                    tracing::warn!(namespace, name, primary = lost, why, replicas = ?ask, "primary lost; the replicas hold and give their positions");
                     fence_unresponsive(db, &observed.pods, &lost, applier).await;
                     let pending = ask_positions(&lost, &why, &ask, None, applier).await;
                     self.update_state(db, |state| state.pending = Some(pending));
+                } else if pending.is_some_and(|p| p.held_at.is_none() && p.asked_at.elapsed() >= POSITION_WAIT) {
+                    // A switchover whose replicas still stream: the old primary has not stopped.
+                    tracing::warn!(namespace, name, primary = lost, replicas = ?ask, "replicas still stream from the stepped-down primary; telling them to hold");
+                    hold(&ask, &token, applier).await;
+                    self.update_state(db, |state| {
+                        if let Some(pending) = state.pending.as_mut() {
+                            pending.held_at = Some(Instant::now());
+                        }
+                    });
                 }
+                (recorded, true)
+            }
+            Decision::Blocked { lost, why, waiting_for } => {
+                let note = format!(
+                    "primary {lost} lost ({why}); no replica promoted: {} may hold the last acknowledged commits and \
+                     gave no final position. It is promoted once they answer; annotate the MyDatabase \
+                     {FORCE_FAILOVER_ANNOTATION}=true to promote the best of the others, accepting that those commits \
+                     may be lost",
+                    waiting_for.join(", ")
+                );
+                if !pending.is_some_and(|p| p.blocked_told) {
+                    tracing::warn!(namespace, name, primary = lost, waiting_for = ?waiting_for, "failover blocked");
+                    self.ctx
+                        .event(&db.object_ref(&()), EventType::Warning, "FailoverBlocked", "Failover", note.clone())
+                        .await;
+                    self.update_state(db, |state| {
+                        if let Some(pending) = state.pending.as_mut() {
+                            pending.blocked_told = true;
+                        }
+                    });
+                }
+                self.update_state(db, |state| state.blocked = Some(note));
                 (recorded, true)
             }
             Decision::Promote(promotion) => {
@@ -338,6 +413,12 @@ impl MyDatabaseReconciler {
                     promotion.to,
                     positions.join(", ")
                 );
+                if forced && state.blocked.is_some() {
+                    note.push_str(&format!(
+                        "; forced by {FORCE_FAILOVER_ANNOTATION}: replicas that did not answer may have held \
+                         acknowledged commits that are lost"
+                    ));
+                }
                 if let Some(wanted) = switchover.map(|s| &s.to).filter(|to| **to != promotion.to) {
                     note.push_str(&format!("; {wanted} had received less"));
                 }
@@ -346,6 +427,9 @@ impl MyDatabaseReconciler {
                 self.ctx.event(&db.object_ref(&()), event_type, kind, "Promote", note).await;
                 if switchover.is_some_and(|s| s.requested) {
                     forget_switchover_request(db, applier).await;
+                }
+                if forced {
+                    forget_annotation(db, FORCE_FAILOVER_ANNOTATION, applier).await;
                 }
                 let record = FailoverRecord {
                     kind: kind.into(),
@@ -360,6 +444,7 @@ impl MyDatabaseReconciler {
                 self.update_state(db, |state| {
                     state.chosen = Some(promotion.to.clone());
                     state.pending = None;
+                    state.blocked = None;
                     state.last = Some(record);
                     state.last_began = began;
                 });
@@ -378,6 +463,7 @@ impl MyDatabaseReconciler {
                 self.update_state(db, |state| {
                     state.chosen = Some(lost.clone());
                     state.pending = None;
+                    state.blocked = None;
                 });
                 label_pods(db, &observed.pods, &lost, applier).await;
                 (lost, false)
@@ -487,7 +573,11 @@ async fn fence_unresponsive(db: &MyDatabase, pods: &[Pod], lost: &str, applier: 
     applier.delete::<Pod>(lost, &DeleteParams { grace_period_seconds: Some(1), ..Default::default() }).await;
 }
 
-/// Asks `replicas` for their positions now (a request their managers answer at once).
+/// Asks `replicas` for their positions now (a request their managers answer
+/// at once). In a failover they also hold: they stop streaming, so their
+/// answers are final and a primary that still runs can have no more commits
+/// confirmed. A switchover lets the stepped-down primary's clean shutdown
+/// send them its last WAL first.
 async fn ask_positions(
     lost: &str,
     why: &str,
@@ -496,44 +586,88 @@ async fn ask_positions(
     applier: &Applier<'_>,
 ) -> Pending {
     let token = format!("{lost}@{}", crate::runtime::status::now().0.as_millisecond());
-    let patch = json!({"metadata": {"annotations": {POSITION_REQUEST: token}}});
+    let held = switchover.is_none();
+    let patch = match held {
+        true => json!({"metadata": {"annotations": {POSITION_REQUEST: token, HOLD_STREAMING: token}}}),
+        false => json!({"metadata": {"annotations": {POSITION_REQUEST: token}}}),
+    };
     for pod in replicas {
         applier.merge_patch::<Pod>(pod, &patch, "ask-position").await;
     }
-    Pending { token, asked_at: Instant::now(), lost_at: crate::runtime::status::now(), why: why.into(), switchover }
+    let asked_at = Instant::now();
+    Pending {
+        token,
+        asked_at,
+        lost_at: crate::runtime::status::now(),
+        why: why.into(),
+        switchover,
+        held_at: held.then_some(asked_at),
+        blocked_told: false,
+    }
+}
+
+/// Tells `replicas` to hold: stop streaming (see `ask_positions`).
+async fn hold(replicas: &[String], token: &str, applier: &Applier<'_>) {
+    let patch = json!({"metadata": {"annotations": {HOLD_STREAMING: token}}});
+    for pod in replicas {
+        applier.merge_patch::<Pod>(pod, &patch, "hold").await;
+    }
 }
 
 /// Removes the switchover annotation: the request is done, or refused (an Event says why).
 async fn forget_switchover_request(db: &MyDatabase, applier: &Applier<'_>) {
-    let patch = json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: null}}});
-    applier.merge_patch::<MyDatabase>(&db.name_any(), &patch, "switchover-done").await;
+    forget_annotation(db, SWITCHOVER_ANNOTATION, applier).await;
 }
 
-/// `synchronous_standby_names` for the primary: ANY 1 of the replicas when
-/// there are two or more and the spec asks for synchronous replication.
-pub fn synchronous_standbys(db: &MyDatabase) -> &'static str {
-    if db.spec.replication == ReplicationMode::Synchronous && db.spec.replicas >= 3 { "ANY 1 (*)" } else { "" }
+async fn forget_annotation(db: &MyDatabase, annotation: &str, applier: &Applier<'_>) {
+    let patch = json!({"metadata": {"annotations": {annotation: null}}});
+    applier.merge_patch::<MyDatabase>(&db.name_any(), &patch, "annotation-done").await;
+}
+
+/// `synchronous_standby_names` for `pod` when it is the primary: ANY 1 of the
+/// other instances, by name, when there are two or more and the spec asks for
+/// synchronous replication. Named, not `*`: a pg_basebackup or backup stream
+/// must never count as the standby that confirmed a commit.
+pub fn synchronous_standbys(db: &MyDatabase, pod: &str) -> String {
+    if db.spec.replication != ReplicationMode::Synchronous || db.spec.replicas < 3 {
+        return String::new();
+    }
+    let statefulset = names::statefulset(db);
+    let others: Vec<String> = (0..db.spec.replicas)
+        .map(|ordinal| format!("{statefulset}-{ordinal}"))
+        .filter(|name| name != pod)
+        .map(|name| format!("\"{name}\""))
+        .collect();
+    format!("ANY 1 ({})", others.join(", "))
 }
 
 /// Puts each pod's role label (which `-rw` and `-ro` select, and which its
-/// instance manager hands to PostgreSQL) and synchronous standbys in place.
-/// A pod that loses the primary role is relabelled first: it leaves `-rw`
-/// before another pod is announced there.
+/// instance manager hands to PostgreSQL) and synchronous standbys in place,
+/// and lifts a failover's hold. A pod that loses the primary role is
+/// relabelled first: it leaves `-rw` before another pod is announced there.
 async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Applier<'_>) {
-    let synchronous = synchronous_standbys(db);
     let wanted = |pod: &Pod| if pod.name_any() == primary { services::PRIMARY } else { services::REPLICA };
+    // The pod losing the role first, then the new primary, then the others: a
+    // replica lets go of its hold only once `-rw` names the new primary.
+    let stepping_down = |pod: &Pod| pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(services::PRIMARY);
     let mut ordered: Vec<&Pod> = pods.iter().collect();
-    ordered.sort_by_key(|pod| wanted(pod) == services::PRIMARY);
+    ordered.sort_by_key(|pod| match wanted(pod) {
+        services::PRIMARY => 1,
+        _ if stepping_down(pod) => 0,
+        _ => 2,
+    });
     for pod in ordered {
         let role = wanted(pod);
+        let synchronous = synchronous_standbys(db, &pod.name_any());
         if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role)
-            && pod.annotations().get(SYNCHRONOUS_STANDBYS).map(String::as_str) == Some(synchronous)
+            && pod.annotations().get(SYNCHRONOUS_STANDBYS) == Some(&synchronous)
+            && !pod.annotations().contains_key(HOLD_STREAMING)
         {
             continue;
         }
         let patch = json!({"metadata": {
             "labels": {names::ROLE_LABEL: role},
-            "annotations": {SYNCHRONOUS_STANDBYS: synchronous}}});
+            "annotations": {SYNCHRONOUS_STANDBYS: synchronous, HOLD_STREAMING: null}}});
         if applier.merge_patch::<Pod>(&pod.name_any(), &patch, "label").await {
             tracing::info!(namespace = ?pod.namespace(), pod = %pod.name_any(), role, "labelled pod role");
         }
@@ -653,6 +787,17 @@ mod tests {
 
     fn deletes(api: &FakeApi) -> Vec<String> {
         api.requests().into_iter().filter(|r| r.method == "DELETE").map(|r| r.target().to_string()).collect()
+    }
+
+    #[test]
+    fn synchronous_standbys_are_the_other_instances_by_name() {
+        let mut db = sample();
+        assert_eq!(synchronous_standbys(&db, "production-db-1"), r#"ANY 1 ("production-db-0", "production-db-2")"#);
+        db.spec.replication = ReplicationMode::Asynchronous;
+        assert_eq!(synchronous_standbys(&db, "production-db-1"), "");
+        db.spec.replication = ReplicationMode::Synchronous;
+        db.spec.replicas = 2;
+        assert_eq!(synchronous_standbys(&db, "production-db-0"), "", "two instances: asynchronous");
     }
 
     #[tokio::test]

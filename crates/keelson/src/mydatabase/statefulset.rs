@@ -104,14 +104,18 @@ fn ready_probe() -> Probe {
     }
 }
 
-fn pg_isready() -> Probe {
+/// Liveness (the script's `live`): the server accepts connections, or its
+/// container is still setting it up or recovering (a clone, a rewind, crash
+/// recovery of a large database take as long as they take). Only a server
+/// that answered once and then stopped answering for 30 s is restarted.
+fn live_probe() -> Probe {
     Probe {
         exec: Some(ExecAction {
-            command: Some(vec!["pg_isready".into(), "-h".into(), "127.0.0.1".into(), "-p".into(), PORT.to_string()]),
+            command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "live".into()]),
         }),
         period_seconds: Some(5),
         timeout_seconds: Some(3),
-        failure_threshold: Some(3),
+        failure_threshold: Some(6),
         ..Default::default()
     }
 }
@@ -260,7 +264,7 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
             ..Default::default()
         }]),
         readiness_probe: Some(ready_probe()),
-        liveness_probe: Some(Probe { initial_delay_seconds: Some(30), failure_threshold: Some(6), ..pg_isready() }),
+        liveness_probe: Some(live_probe()),
         // A failing container's last log lines become its termination message (shown in status).
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         security_context: Some(security::restricted_container()),

@@ -170,6 +170,9 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
         )),
         StorageChange::None => {}
     }
+    if let Some(blocked) = &observed.failover_blocked {
+        conditions.push(DesiredCondition::new("FailoverBlocked", true, "QuorumNotReached", blocked.clone()));
+    }
     conditions.push(match (&db.spec.backup, observed.backup_cron_job.is_some()) {
         (Some(backup), true) => DesiredCondition::new(
             "BackupScheduled",

@@ -17,6 +17,7 @@
 #                                      standbys as $ORDERS_DIR says (start runs it in a loop)
 #   keelson-postgres.sh ready          readiness: the primary accepts connections; a
 #                                      replica also streams from the primary
+#   keelson-postgres.sh live           liveness: accepts connections, or still starting
 #   keelson-postgres.sh backup         pg_dump of $APP_DB into $BACKUP_DIR (from a replica
 #                                      where one answers), verified, then prune
 #   keelson-postgres.sh prune          delete backups older than $RETENTION, never the newest
@@ -29,7 +30,10 @@
 # BACKUP_DIR, BACKUP_SOURCE_HOST, TERMINATION_LOG, RETENTION (e.g. 7d, 12h, 4w), PGBIN (folder of the PostgreSQL
 # binaries, default: from PATH), POD_NAME (for `start`), PGHOST (the local
 # socket folder for `ready`, default /var/run/postgresql), ORDERS_DIR (the
-# files the instance manager writes from the pod: `role`, `synchronous-standbys`).
+# files the instance manager writes from the pod: `role`, `synchronous-standbys`,
+# `hold`: a failover's token while this replica must not stream; `fence`: why
+# this server must not run, while the primary lease cannot be renewed; `ack`:
+# this container's start, once the manager read the pod anew).
 set -euo pipefail
 
 PGPORT="${PGPORT:-5432}"
@@ -214,6 +218,11 @@ rewind_flag() { echo "$(dirname "$PGDATA")/keelson-rewind"; }
 
 # Set by `restart_server`: PostgreSQL stopped to come back in another role.
 restart_marker() { echo "$(dirname "$PGDATA")/keelson-restart"; }
+# Present from (re)starting until the server first answers: a clone, a rewind
+# or a crash recovery may take long, and `live` must not have it killed.
+starting_marker() { echo "${PGHOST:-/var/run/postgresql}/.keelson-starting"; }
+# This container's start, for the instance manager to acknowledge (see prepare_for_role).
+boot_file() { echo "${PGHOST:-/var/run/postgresql}/.keelson-boot"; }
 
 # Stops PostgreSQL for `start` to bring it back in its new role within this
 # container. Letting the container exit instead added the kubelet's restart
@@ -228,14 +237,30 @@ restart_server() {
 # writes it from the pod's label), then sets the data up for it.
 prepare_for_role() {
   local role waited=0
+  # Fenced by the instance manager (it could not renew the primary lease): no server until it can.
+  until [[ ! -s "$ORDERS_DIR/fence" ]]; do
+    (( waited++ % 50 == 0 )) && log "fenced: $(cat "$ORDERS_DIR/fence" 2>/dev/null); waiting"
+    sleep 0.2
+  done
+  waited=0
+  # Orders from before this container (a node powered off and on again keeps
+  # its pods' folders) may be stale: a primary since replaced must not start
+  # as one. The manager acknowledges this start once it has read the pod anew.
+  until [[ "$(cat "$ORDERS_DIR/ack" 2>/dev/null)" == "$(cat "$(boot_file)")" ]]; do
+    (( waited++ % 50 == 0 )) && log "waiting for the instance manager to read this pod's orders anew"
+    sleep 0.2
+  done
+  waited=0
   until role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" && [[ "$role" == primary || "$role" == replica ]]; do
     (( waited++ % 50 == 0 )) && log "waiting for the operator to choose this pod's role ($ORDERS_DIR/role)"
     sleep 0.2
   done
   log "role: $role"
   if [[ "$role" == primary ]]; then
-    # A replica chosen while it was down starts as the primary: out of recovery, next timeline.
-    if [[ -s "$PGDATA/PG_VERSION" ]]; then rm -f "$PGDATA/standby.signal"; else init_primary; fi
+    # A replica chosen while it was down starts as a replica and is promoted
+    # (follow_orders: pg_promote, a new timeline); data that was a replica's
+    # never serves as the primary on the old primary's timeline.
+    [[ -s "$PGDATA/PG_VERSION" ]] || init_primary
   elif [[ ! -s "$PGDATA/PG_VERSION" ]]; then
     init_replica
   elif [[ -f "$(rewind_flag)" ]]; then
@@ -255,14 +280,23 @@ start() {
   need POD_NAME; need ORDERS_DIR
   rm -f "$(restart_marker)"
   local server="" status stopping="" following=""
-  # The kubelet's SIGTERM goes to this shell (the container's first process): passed on.
-  trap 'stopping=1; [[ -z "$server" ]] || kill -TERM "$server" 2>/dev/null || true' TERM INT
+  # The kubelet's SIGTERM goes to this shell (the container's first process):
+  # passed on as SIGINT, PostgreSQL's fast shutdown. Its SIGTERM (smart) would
+  # let open sessions commit until the grace period ends, while a replica may be
+  # promoted; fast ends them at once and sends the last WAL to the replicas.
+  trap 'stopping=1; [[ -z "$server" ]] || kill -INT "$server" 2>/dev/null || true' TERM INT
+  echo "$(date +%s%N)-$$" > "$(boot_file)"
   while :; do
+    touch "$(starting_marker)"
     prepare_for_role
     [[ -z "$stopping" ]] || exit 143
     # cluster_name names a replica to its primary (the WAL receiver's
     # application_name): pg_stat_replication and the instance reports go by pod.
-    "$(bin postgres)" -D "$PGDATA" -p "$PGPORT" -c cluster_name="$POD_NAME" &
+    # Replication connections that went silent (a partition, a powered-off
+    # node) are dropped after 5 s: a cut-off primary sees its replicas gone,
+    # and fences itself, before the operator takes its lease for expired.
+    "$(bin postgres)" -D "$PGDATA" -p "$PGPORT" -c cluster_name="$POD_NAME" \
+      -c wal_sender_timeout=5s -c wal_receiver_timeout=5s &
     server=$!
     if [[ -z "$following" ]]; then
       following=1
@@ -288,16 +322,38 @@ start() {
 # ever selects the chosen primary: a former primary whose processes outlive
 # its pod (a forced deletion) can never be streamed from again.
 follow_orders() {
-  local socket="${PGHOST:-/var/run/postgresql}" role wanted state in_recovery streaming current
+  local socket="${PGHOST:-/var/run/postgresql}" role wanted state in_recovery streaming current upstream hold
   # A hung server must not hang the orders: give up on a connection after a few seconds.
   local sql=(env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
   role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" || return 0
+  hold="$(cat "$ORDERS_DIR/hold" 2>/dev/null)" || hold=""
   # One look at the server answers every question below.
   state="$("${sql[@]}" -F '|' -c "SELECT pg_is_in_recovery(),
       EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
-      current_setting('synchronous_standby_names')" 2>/dev/null)" || return 0
-  IFS='|' read -r in_recovery streaming current <<<"$state"
-  STREAMING="$streaming" IN_RECOVERY="$in_recovery"
+      current_setting('synchronous_standby_names'),
+      current_setting('primary_conninfo') <> ''" 2>/dev/null)" || return 0
+  IFS='|' read -r in_recovery streaming current upstream <<<"$state"
+  rm -f "$(starting_marker)"
+  if [[ -s "$ORDERS_DIR/fence" ]]; then
+    log "fenced: $(cat "$ORDERS_DIR/fence"); stopping until the lease is renewed"
+    restart_server
+    return 0
+  fi
+  STREAMING="$streaming" IN_RECOVERY="$in_recovery" HOLDING=""
+  if [[ "$in_recovery" == t && -n "$hold" ]]; then
+    # A failover's hold: let go of the primary, so that its position is final
+    # and a primary that still runs can have no more commits confirmed here.
+    HOLDING=1
+    if [[ "$upstream" == t ]]; then
+      "${sql[@]}" >/dev/null <<'SQL' && log "holding for the failover ($hold): stopped streaming"
+ALTER SYSTEM SET primary_conninfo = '';
+SELECT pg_reload_conf();
+SQL
+    fi
+  elif [[ "$in_recovery" == t && "$role" == replica && "$upstream" == f ]]; then
+    log "hold lifted: streaming again"
+    follow "$PRIMARY_HOST" || true
+  fi
   if [[ "$role" == primary && "$in_recovery" == t ]]; then
     log "chosen as the primary: promoting"
     # The checkpoint puts the new timeline in the control file at once: a
@@ -347,7 +403,7 @@ SQL
 follow_orders_loop() {
   local stalled_since="" seen="" orders looked=-1
   while sleep "${ORDERS_POLL:-0.2}"; do
-    orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" 2>/dev/null)"
+    orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" "$ORDERS_DIR/hold" "$ORDERS_DIR/fence" 2>/dev/null)"
     [[ "$orders" != "$seen" || $SECONDS -ne $looked ]] || continue
     seen="$orders" looked=$SECONDS STREAMING="" IN_RECOVERY=""
     follow_orders || true
@@ -355,7 +411,7 @@ follow_orders_loop() {
     # forked cannot stream from it, ever: after a while without streaming,
     # while the primary answers, it stops to be rewound (see start). A
     # primary, or a server not up yet, counts as following.
-    if [[ "$IN_RECOVERY" != t || "$STREAMING" != f ]]; then stalled_since=""; continue; fi
+    if [[ "$IN_RECOVERY" != t || "$STREAMING" != f || -n "$HOLDING" ]]; then stalled_since=""; continue; fi
     stalled_since="${stalled_since:-$SECONDS}"
     if (( SECONDS - stalled_since >= ${STALL_SECONDS:-20} )) \
         && "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; then
@@ -374,6 +430,8 @@ watch_credentials() {
   local dir="${CREDENTIALS_DIR:-}" applied="" current
   [[ -n "$dir" && -d "$dir" ]] || return 0
   while sleep "${CREDENTIALS_POLL:-3}"; do
+    # A replica holding for a failover must not start streaming again (follow_orders lifts the hold).
+    [[ -s "$ORDERS_DIR/hold" ]] && continue
     current="$(cat "$dir/password" "$dir/replication-password" 2>/dev/null | sha256sum)" || continue
     [[ "$current" == "$applied" ]] && continue
     apply_credentials "$dir" && applied="$current"
@@ -400,6 +458,13 @@ SQL
     follow "${host:-$PRIMARY_HOST}" || return 1
   fi
   if [[ "$in_recovery" == f ]]; then log "credentials applied to the roles"; else log "credentials applied to streaming"; fi
+}
+
+# Liveness: the server accepts connections, or it is still starting (set up
+# for its role, recovering): long work is not killed.
+live() {
+  [[ -f "$(starting_marker)" ]] && exit 0
+  exec "$(bin pg_isready)" -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT"
 }
 
 # Ready means what clients expect of the Services: the primary accepts
@@ -484,6 +549,7 @@ case "${1:-}" in
   init-primary) init_primary ;;
   init-replica) init_replica ;;
   ready) ready ;;
+  live) live ;;
   apply-credentials) need CREDENTIALS_DIR; apply_credentials "$CREDENTIALS_DIR" ;;
   rejoin) rejoin ;;
   follow-orders) need ORDERS_DIR; follow_orders ;;
@@ -491,5 +557,5 @@ case "${1:-}" in
   prune) prune ;;
   restore) shift; restore "$@" ;;
   restore-new) restore_new ;;
-  *) echo "usage: $0 start|init-primary|init-replica|rejoin|follow-orders|ready|apply-credentials|backup|prune|restore FILE|restore-new" >&2; exit 2 ;;
+  *) echo "usage: $0 start|init-primary|init-replica|rejoin|follow-orders|ready|live|apply-credentials|backup|prune|restore FILE|restore-new" >&2; exit 2 ;;
 esac
