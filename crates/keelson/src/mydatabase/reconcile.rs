@@ -67,6 +67,9 @@ struct Pending {
     /// The position request sent, and when (monotonic and wall clock).
     token: String,
     asked_at: Instant,
+    /// When the primary stopped taking writes, as far as Keelson can tell: its
+    /// lease's last renewal seen, or the moment the loss was seen.
+    began: Instant,
     lost_at: Time,
     /// Why the primary counted as lost when the failover began (fencing may add reasons later).
     why: String,
@@ -359,7 +362,14 @@ impl MyDatabaseReconciler {
                 if token.is_empty() {
                     tracing::warn!(namespace, name, primary = lost, why, replicas = ?ask, "primary lost; the replicas hold and give their positions");
                     fence_unresponsive(db, &observed.pods, &lost, applier).await;
-                    let pending = ask_positions(&lost, &why, &ask, None, applier).await;
+                    let mut pending = ask_positions(&lost, &why, &ask, None, applier).await;
+                    // Cut off, it stopped taking writes before its lease expired.
+                    if situation.lease_expired
+                        && let Some(since) = lease_unrenewed.and_then(|u| Instant::now().checked_sub(u))
+                    {
+                        pending.began = since;
+                        pending.lost_at = Time(pending.lost_at.0 - lease_unrenewed.unwrap_or_default());
+                    }
                     self.update_state(db, |state| state.pending = Some(pending));
                 } else if pending.is_some_and(|p| p.held_at.is_none() && p.asked_at.elapsed() >= POSITION_WAIT) {
                     // A switchover whose replicas still stream: the old primary has not stopped.
@@ -397,7 +407,7 @@ impl MyDatabaseReconciler {
             }
             Decision::Promote(promotion) => {
                 let lost_at = state.pending.as_ref().map(|p| p.lost_at.clone());
-                let began = state.pending.as_ref().map(|p| p.asked_at);
+                let began = state.pending.as_ref().map(|p| p.began);
                 let why = state.pending.as_ref().map_or(promotion.why.clone(), |p| p.why.clone());
                 let positions: Vec<String> =
                     promotion.positions.iter().map(|(pod, lsn)| format!("{pod} at {lsn}")).collect();
@@ -598,6 +608,7 @@ async fn ask_positions(
     Pending {
         token,
         asked_at,
+        began: asked_at,
         lost_at: crate::runtime::status::now(),
         why: why.into(),
         switchover,

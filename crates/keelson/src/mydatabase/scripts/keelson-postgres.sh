@@ -43,6 +43,10 @@ REPLICATION_USER="${REPLICATION_USER:-replicator}"
 PRIMARY_PORT="${PRIMARY_PORT:-5432}"
 BACKUP_DIR="${BACKUP_DIR:-/backups}"
 bin() { if [[ -n "${PGBIN:-}" ]]; then echo "$PGBIN/$1"; else echo "$1"; fi; }
+# A replica's connection to the primary: give up on an address that does not
+# answer (a cut-off former primary that a Service still named for a moment)
+# within seconds, not after the kernel's minutes of retries.
+UPSTREAM_TIMEOUTS="connect_timeout=2 keepalives_idle=5 keepalives_interval=2 keepalives_count=2"
 log() { printf '%s keelson-postgres: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >&2; }
 need() { [[ -n "${!1:-}" ]] || { log "$1 is not set"; exit 2; }; }
 
@@ -166,7 +170,9 @@ init_replica() {
   until "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; do sleep 1; done
   log "cloning the primary with pg_basebackup"
   mkdir -p "$PGDATA"; chmod 700 "$PGDATA"
-  PGPASSWORD="$REPLICATION_PASSWORD" "$(bin pg_basebackup)" -h "$PRIMARY_HOST" -p "$PRIMARY_PORT" \
+  # -R writes these options into primary_conninfo too (no application_name:
+  # the clone's stream must not count as a synchronous standby).
+  PGPASSWORD="$REPLICATION_PASSWORD" "$(bin pg_basebackup)" -d "$UPSTREAM_TIMEOUTS" -h "$PRIMARY_HOST" -p "$PRIMARY_PORT" \
     -U "$REPLICATION_USER" -D "$PGDATA" -X stream -R --checkpoint=fast
   log "replica initialised; it streams from $PRIMARY_HOST"
 }
@@ -187,7 +193,7 @@ rejoin() {
   fi
   log "rejoining as a replica of $PRIMARY_HOST"
   until "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; do sleep 0.5; done
-  local source="host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres" output
+  local source="host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $UPSTREAM_TIMEOUTS" output
   PGPASSWORD="$REPLICATION_PASSWORD" "$(bin psql)" -X -q -d "$source" -c CHECKPOINT 2>/dev/null \
     || log "could not ask $PRIMARY_HOST for a checkpoint"
   if output="$(PGPASSWORD="$REPLICATION_PASSWORD" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
@@ -388,7 +394,7 @@ replication_password() {
 # Streams from HOST from now on (the WAL receiver reconnects on reload).
 follow() {
   local host="$1" conninfo
-  conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica}"
+  conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica} $UPSTREAM_TIMEOUTS"
   conninfo+=" password=$(replication_password)"
   env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
       -d postgres -v ON_ERROR_STOP=1 -v conninfo="$conninfo" >/dev/null <<'SQL' || { log "could not follow $host"; return 1; }
@@ -401,7 +407,7 @@ SQL
 # New orders are acted on within ORDERS_POLL; otherwise the server is looked
 # at once a second (each look is a connection, a backend for the server).
 follow_orders_loop() {
-  local stalled_since="" seen="" orders looked=-1
+  local stalled_since="" kicked="" seen="" orders looked=-1
   while sleep "${ORDERS_POLL:-0.2}"; do
     orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" "$ORDERS_DIR/hold" "$ORDERS_DIR/fence" 2>/dev/null)"
     [[ "$orders" != "$seen" || $SECONDS -ne $looked ]] || continue
@@ -411,8 +417,20 @@ follow_orders_loop() {
     # forked cannot stream from it, ever: after a while without streaming,
     # while the primary answers, it stops to be rewound (see start). A
     # primary, or a server not up yet, counts as following.
-    if [[ "$IN_RECOVERY" != t || "$STREAMING" != f || -n "$HOLDING" ]]; then stalled_since=""; continue; fi
+    if [[ "$IN_RECOVERY" != t || "$STREAMING" != f || -n "$HOLDING" ]]; then stalled_since="" kicked=""; continue; fi
     stalled_since="${stalled_since:-$SECONDS}"
+    # The WAL receiver does not give up connecting to an address that never
+    # answers (a former primary's, cut off, that -rw still named for a moment):
+    # after a few seconds without streaming, start it again.
+    if [[ -z "$kicked" ]] && (( SECONDS - stalled_since >= ${KICK_SECONDS:-4} )) \
+        && "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; then
+      kicked=1
+      log "not streaming for $((SECONDS - stalled_since))s while $PRIMARY_HOST answers: reconnecting"
+      env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
+        -d postgres -c "ALTER SYSTEM SET primary_conninfo = ''" -c 'SELECT pg_reload_conf()' >/dev/null || true
+      sleep 0.5
+      follow "$PRIMARY_HOST" || true
+    fi
     if (( SECONDS - stalled_since >= ${STALL_SECONDS:-20} )) \
         && "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; then
       log "not streaming for $((SECONDS - stalled_since))s while $PRIMARY_HOST answers: stopping to rewind"
