@@ -16,6 +16,7 @@ mod common;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use anyhow::Context as _;
 use common::TestOperator;
 use k8s_openapi::api::core::v1::Pod;
 use keelson::api::MyDatabase;
@@ -24,7 +25,6 @@ use keelson::api::mydatabase::SWITCHOVER_ANNOTATION;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use anyhow::Context as _;
 use testkit::control_plane::ControlPlane;
 use testkit::pods::shell_pod;
 use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl};
@@ -121,7 +121,11 @@ struct NodeFault<'a> {
 
 impl<'a> NodeFault<'a> {
     fn begin(plane: &'a ControlPlane, node: String, power: bool) -> anyhow::Result<Self> {
-        if power { plane.power_off(&node)? } else { plane.partition(&node)? }
+        if power {
+            plane.power_off(&node)?
+        } else {
+            plane.partition(&node)?
+        }
         Ok(NodeFault { plane, node, power, ended: false })
     }
 
@@ -678,7 +682,8 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     )?;
     assert_eq!(streaming.split(',').count(), 2, "{streaming}");
     let upgraded = downs.iter().any(|(d, ..)| *d == Disruption::Upgrade);
-    for reason in ["Failover", "Switchover", "RollingUpdate"].into_iter().filter(|r| upgraded || *r != "RollingUpdate") {
+    for reason in ["Failover", "Switchover", "RollingUpdate"].into_iter().filter(|r| upgraded || *r != "RollingUpdate")
+    {
         let selector = format!("reason={reason}");
         let events = kubectl(&["-n", &ns.name, "get", "events", "--field-selector", &selector, "-o", "name"])?;
         assert!(!events.trim().is_empty(), "no {reason} Event");

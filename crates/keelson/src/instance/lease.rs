@@ -10,8 +10,9 @@
 //! A primary that still has a replica streaming from it is not fenced: the
 //! API server may be down while the database is fine, and no failover can
 //! happen without the replicas letting go of it first (they hold when the
-//! operator asks for their positions). A primary that never had a replica
-//! (one instance) is never fenced either: nobody could take over.
+//! operator asks for their positions). A primary that has no replica (one
+//! instance; none ever streamed, and no synchronous standby is named) is
+//! never fenced either: nobody could take over.
 
 use std::time::Instant;
 
@@ -52,9 +53,12 @@ impl Lease {
         self.renewed = Some(sent);
     }
 
-    /// What the last look saw: whether a replica streams from this server now.
-    pub fn replicas_streaming(&mut self, streaming: bool) {
-        self.had_replica |= streaming;
+    /// What the last look saw: whether a replica streams from this server now;
+    /// and whether the operator named synchronous standbys for it (a database
+    /// of three or more instances: it has replicas, even if none has connected
+    /// yet since this pod became the primary).
+    pub fn replicas_streaming(&mut self, streaming: bool, standbys_named: bool) {
+        self.had_replica |= streaming || standbys_named;
     }
 
     /// Why the server must be fenced now, if it must.
@@ -93,7 +97,7 @@ mod tests {
     fn a_cut_off_primary_without_streaming_replicas_is_fenced_before_the_operator_gives_up_on_it() {
         let start = Instant::now();
         let mut lease = Lease::new(start);
-        lease.replicas_streaming(true);
+        lease.replicas_streaming(true, false);
         let sent = start + Duration::from_secs(1);
         lease.renewed(sent);
         // Renewals fail from here on.
@@ -110,7 +114,17 @@ mod tests {
     #[test]
     fn a_primary_that_never_had_a_replica_is_never_fenced() {
         let start = Instant::now();
-        let lease = Lease::new(start);
+        let mut lease = Lease::new(start);
+        lease.replicas_streaming(false, false);
         assert_eq!(lease.fence(start + FENCE_AFTER * 10, false), None);
+    }
+
+    #[test]
+    fn a_new_primary_with_standbys_named_is_fenced_before_any_replica_connected() {
+        // Cut off right after a switchover: no replica streamed from it yet.
+        let start = Instant::now();
+        let mut lease = Lease::new(start);
+        lease.replicas_streaming(false, true);
+        assert!(lease.fence(start + FENCE_AFTER, false).is_some());
     }
 }

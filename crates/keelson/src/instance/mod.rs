@@ -121,6 +121,11 @@ fn write_order(dir: &Path, file: &str, value: &str) -> Result<(), InstanceError>
     Ok(())
 }
 
+/// The operator named synchronous standbys for this pod as a primary.
+fn standbys_named_on(pod: &Pod) -> bool {
+    pod.annotations().get(SYNCHRONOUS_STANDBYS).is_some_and(|names| !names.is_empty())
+}
+
 fn labelled_primary(pod: &Pod) -> bool {
     pod.labels().get(ROLE_LABEL).map(String::as_str) == Some("primary")
 }
@@ -184,6 +189,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
     let mut holding = false;
     let mut still_streaming = false;
     let mut primary = false;
+    let mut standbys_named = false;
     let mut lease = Lease::new(Instant::now());
     let mut renew_failed_at: Option<Instant> = None;
     let params = PatchParams::apply(FIELD_MANAGER);
@@ -200,6 +206,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                     write_orders(&args.orders_dir, &own)?;
                     holding = own.annotations().contains_key(HOLD_STREAMING);
                     primary = labelled_primary(&own);
+                    standbys_named = standbys_named_on(&own);
                     let request = own.annotations().get(POSITION_REQUEST).cloned();
                     if request.is_none() || request == answering {
                         continue;
@@ -221,7 +228,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
             .as_ref()
             .is_ok_and(|seen| seen.role == Role::Primary && seen.replicas.iter().any(|r| r.state == "streaming"));
         if primary {
-            lease.replicas_streaming(replica_streaming);
+            lease.replicas_streaming(replica_streaming, standbys_named);
             if let Some(count) = lease.due(Instant::now()) {
                 let sent = Instant::now();
                 let patch = Patch::Merge(json!({"metadata": {"annotations": {LEASE: count.to_string()}}}));
@@ -233,6 +240,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                         // The pod as it is now: a cut-off primary learns it was replaced before it unfences.
                         write_orders(&args.orders_dir, &own)?;
                         primary = labelled_primary(&own);
+                        standbys_named = standbys_named_on(&own);
                     }
                     failed => {
                         let error = match failed {
@@ -265,6 +273,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                     write_orders(&args.orders_dir, own)?;
                     holding = own.annotations().contains_key(HOLD_STREAMING);
                     primary = labelled_primary(own);
+                    standbys_named = standbys_named_on(own);
                     write_order(&args.orders_dir, "ack", &boot)?;
                     acknowledged = boot;
                 }

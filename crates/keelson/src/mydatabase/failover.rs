@@ -4,17 +4,15 @@
 //!
 //! While the primary serves, it stays. A primary whose pod is being deleted
 //! still runs until the kubelet stops it (SIGTERM: a fast shutdown that ends
-//! every session and sends its last WAL to the replicas), and a replica
-//! promoted before that could miss commits it still acknowledges: Keelson
-//! waits for its PostgreSQL to stop, or for the deletion's deadline to pass
-//! (by then the kubelet has killed it, if it can reach it). When its pod is
-//! gone, its PostgreSQL stopped, or it was deleted and that wait is over,
-//! the replicas are asked for their
-//! positions at that moment (a request annotation their managers answer at
-//! once), and the one that received the most WAL is promoted: with
-//! synchronous replication to at least one replica, it holds every commit a
-//! client saw acknowledged. A PostgreSQL that answered before and stopped
-//! answering (hung) counts as lost too: its manager says so in its report.
+//! every session and sends its last WAL to the replicas): Keelson waits for
+//! its PostgreSQL to stop, or for the deletion's deadline to pass. When its
+//! pod is gone, its PostgreSQL stopped or hung, or its lease expired (cut
+//! off), the replicas are told to hold: they stop streaming and report their
+//! final positions (a request annotation their managers answer at once). Once
+//! every live replica has, the old primary can acknowledge nothing more
+//! (synchronous replication to named standbys), and the one that received the
+//! most WAL holds every commit a client saw acknowledged: it is promoted. A
+//! replica that does not answer blocks the promotion (quorum) unless forced.
 //!
 //! A switchover is the same path, begun by Keelson: the primary is stepped
 //! down first (it shuts down cleanly, its replicas receive everything it

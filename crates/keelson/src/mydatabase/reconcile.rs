@@ -74,9 +74,9 @@ struct Pending {
     /// Why the primary counted as lost when the failover began (fencing may add reasons later).
     why: String,
     switchover: Option<Switchover>,
-    /// When the replicas were told to hold (stop streaming): at once in a
-    /// failover; in a switchover only if they still stream after the wait
-    /// (the stepped-down primary's clean shutdown normally ends it first).
+    /// When the replicas were told to hold (stop streaming): only if they
+    /// still stream after the wait (the old primary's end, a clean shutdown
+    /// or the kubelet's kill, normally ends their streams first).
     held_at: Option<Instant>,
     /// The blocked failover's Event was sent.
     blocked_told: bool,
@@ -90,8 +90,8 @@ struct Switchover {
     requested: bool,
 }
 
-/// How long a switchover waits for its replicas to stop streaming on their
-/// own before they are told to hold, and how long held replicas may take to
+/// How long a failover or switchover waits for its replicas to stop streaming
+/// on their own before they are told to hold, and how long held replicas may take to
 /// answer before a failover says it is blocked.
 const POSITION_WAIT: Duration = Duration::from_secs(3);
 
@@ -360,7 +360,7 @@ impl MyDatabaseReconciler {
             }
             Decision::AskPositions { lost, why, ask, token } => {
                 if token.is_empty() {
-                    tracing::warn!(namespace, name, primary = lost, why, replicas = ?ask, "primary lost; the replicas hold and give their positions");
+                    tracing::warn!(namespace, name, primary = lost, why, replicas = ?ask, "primary lost; asking the replicas for their positions");
                     fence_unresponsive(db, &observed.pods, &lost, applier).await;
                     let mut pending = ask_positions(&lost, &why, &ask, None, applier).await;
                     // Cut off, it stopped taking writes before its lease expired.
@@ -372,8 +372,8 @@ impl MyDatabaseReconciler {
                     }
                     self.update_state(db, |state| state.pending = Some(pending));
                 } else if pending.is_some_and(|p| p.held_at.is_none() && p.asked_at.elapsed() >= POSITION_WAIT) {
-                    // A switchover whose replicas still stream: the old primary has not stopped.
-                    tracing::warn!(namespace, name, primary = lost, replicas = ?ask, "replicas still stream from the stepped-down primary; telling them to hold");
+                    // Replicas still stream (or have not answered): the old primary may still run.
+                    tracing::warn!(namespace, name, primary = lost, replicas = ?ask, "replicas still stream from the old primary; telling them to hold");
                     hold(&ask, &token, applier).await;
                     self.update_state(db, |state| {
                         if let Some(pending) = state.pending.as_mut() {
@@ -584,10 +584,11 @@ async fn fence_unresponsive(db: &MyDatabase, pods: &[Pod], lost: &str, applier: 
 }
 
 /// Asks `replicas` for their positions now (a request their managers answer
-/// at once). In a failover they also hold: they stop streaming, so their
-/// answers are final and a primary that still runs can have no more commits
-/// confirmed. A switchover lets the stepped-down primary's clean shutdown
-/// send them its last WAL first.
+/// at once). An answer counts once the replica no longer streams: the old
+/// primary is gone (its streams end when it dies: a deleted pod's processes
+/// outlive its object for a moment, and promoting before would leave two
+/// primaries taking connections), or the replica was told to hold (see
+/// `hold`), which `elect_primary` does when it still streams after the wait.
 async fn ask_positions(
     lost: &str,
     why: &str,
@@ -596,11 +597,7 @@ async fn ask_positions(
     applier: &Applier<'_>,
 ) -> Pending {
     let token = format!("{lost}@{}", crate::runtime::status::now().0.as_millisecond());
-    let held = switchover.is_none();
-    let patch = match held {
-        true => json!({"metadata": {"annotations": {POSITION_REQUEST: token, HOLD_STREAMING: token}}}),
-        false => json!({"metadata": {"annotations": {POSITION_REQUEST: token}}}),
-    };
+    let patch = json!({"metadata": {"annotations": {POSITION_REQUEST: token}}});
     for pod in replicas {
         applier.merge_patch::<Pod>(pod, &patch, "ask-position").await;
     }
@@ -612,12 +609,14 @@ async fn ask_positions(
         lost_at: crate::runtime::status::now(),
         why: why.into(),
         switchover,
-        held_at: held.then_some(asked_at),
+        held_at: None,
         blocked_told: false,
     }
 }
 
-/// Tells `replicas` to hold: stop streaming (see `ask_positions`).
+/// Tells `replicas` to hold: stop streaming, so that their positions are
+/// final and an old primary that still runs (hung, cut off) can have no more
+/// commits confirmed by them.
 async fn hold(replicas: &[String], token: &str, applier: &Applier<'_>) {
     let patch = json!({"metadata": {"annotations": {HOLD_STREAMING: token}}});
     for pod in replicas {
