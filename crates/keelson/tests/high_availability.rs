@@ -1,11 +1,14 @@
-//! Failover, switchover and a rolling upgrade on real PostgreSQL in pods: a
-//! writer inside the cluster counts every commit it saw acknowledged while
-//! the primary's pod is force-deleted (three times), its postmaster is
-//! frozen with SIGSTOP (hung, not dead), a switchover is asked for, and the
-//! minor version changes; a sampler asks every instance, all along, whether
-//! it takes writes. Proven with SQL: nothing acknowledged is lost, never two
-//! primaries, writes resume within the limits, every lost instance comes back
-//! as a streaming replica.
+//! Failover, switchover and a rolling upgrade on real PostgreSQL in pods
+//! across the three real nodes. Two writers inside the cluster record every
+//! commit they saw acknowledged and by which server: one connection per
+//! insert, and one long-lived session (as a pool holds its connections). The
+//! primary's pod is force-deleted (three times) and deleted with its grace
+//! period, its postmaster is frozen with SIGSTOP (hung, not dead), its node is
+//! partitioned, powered off and drained, a switchover is asked for, and the
+//! minor version changes; a sampler asks every instance, all along, whether it
+//! takes writes. Proven with SQL: nothing acknowledged is lost, no old primary
+//! acknowledged after the new one did, never two primaries, writes resume
+//! within the limits, every lost instance comes back as a streaming replica.
 //!
 //! `cargo test --test high_availability -- --nocapture` prints the write
 //! downtime of each failover (docs/high-availability.md has the figures).
@@ -64,6 +67,8 @@ enum Disruption {
     Partition,
     /// `hack/cluster.sh poweroff` the primary's node (powered on once another primary serves).
     PowerOff,
+    /// `kubectl drain` the primary's node (evictions, the PodDisruptionBudget respected), then uncordon.
+    Drain,
 }
 
 impl Disruption {
@@ -76,6 +81,7 @@ impl Disruption {
             Disruption::Upgrade => "rolling minor upgrade 15.2 → 15.3 (longest pause)",
             Disruption::Partition => "failover: primary's node partitioned",
             Disruption::PowerOff => "failover: primary's node powered off",
+            Disruption::Drain => "handover: primary's node drained",
         }
     }
 
@@ -83,9 +89,11 @@ impl Disruption {
         match self {
             Disruption::Hang => HUNG_DOWNTIME_LIMIT,
             Disruption::Partition | Disruption::PowerOff => NODE_LOSS_DOWNTIME_LIMIT,
-            Disruption::Delete | Disruption::GracefulDelete | Disruption::Switchover | Disruption::Upgrade => {
-                WRITE_DOWNTIME_LIMIT
-            }
+            Disruption::Delete
+            | Disruption::GracefulDelete
+            | Disruption::Drain
+            | Disruption::Switchover
+            | Disruption::Upgrade => WRITE_DOWNTIME_LIMIT,
         }
     }
 }
@@ -110,35 +118,43 @@ fn postmaster_pid(pod: &Pod) -> anyhow::Result<u32> {
     anyhow::bail!("no postmaster of pod {uid} among this machine's processes")
 }
 
-/// A node partitioned or powered off, undone when the test is done with it,
-/// or when it fails (the next tests need the node).
+/// A node partitioned, powered off or cordoned (a drain), undone when the
+/// test is done with it, or when it fails (the next tests need the node).
 struct NodeFault<'a> {
     plane: &'a ControlPlane,
     node: String,
-    power: bool,
+    kind: Disruption,
     ended: bool,
 }
 
 impl<'a> NodeFault<'a> {
-    fn begin(plane: &'a ControlPlane, node: String, power: bool) -> anyhow::Result<Self> {
-        if power {
-            plane.power_off(&node)?
-        } else {
-            plane.partition(&node)?
+    fn begin(plane: &'a ControlPlane, node: String, kind: Disruption) -> anyhow::Result<Self> {
+        match kind {
+            Disruption::Partition => plane.partition(&node)?,
+            Disruption::PowerOff => plane.power_off(&node)?,
+            _ => {}
         }
-        Ok(NodeFault { plane, node, power, ended: false })
+        Ok(NodeFault { plane, node, kind, ended: false })
+    }
+
+    fn undo(&self) -> anyhow::Result<()> {
+        match self.kind {
+            Disruption::Partition => self.plane.heal(&self.node),
+            Disruption::PowerOff => self.plane.power_on(&self.node),
+            _ => kubectl(&["uncordon", &self.node]).map(|_| ()),
+        }
     }
 
     fn end(mut self) -> anyhow::Result<()> {
         self.ended = true;
-        if self.power { self.plane.power_on(&self.node) } else { self.plane.heal(&self.node) }
+        self.undo()
     }
 }
 
 impl Drop for NodeFault<'_> {
     fn drop(&mut self) {
         if !self.ended {
-            let _ = if self.power { self.plane.power_on(&self.node) } else { self.plane.heal(&self.node) };
+            let _ = self.undo();
         }
     }
 }
@@ -335,6 +351,7 @@ fn report_table(ready_in: Duration, report: &[(Disruption, Duration, Option<i64>
         Disruption::Hang,
         Disruption::Partition,
         Disruption::PowerOff,
+        Disruption::Drain,
         Disruption::Switchover,
         Disruption::Upgrade,
     ] {
@@ -416,6 +433,7 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         plan.push(Disruption::Hang);
         plan.push(Disruption::Partition);
         plan.push(Disruption::PowerOff);
+        plan.push(Disruption::Drain);
         plan.extend(vec![Disruption::Switchover; rounds()]);
         plan.push(Disruption::Upgrade);
         // KEELSON_HA_ONLY=Partition,PowerOff runs only those kinds (when working on one).
@@ -425,7 +443,7 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         for disruption in plan {
             let mut primary = settled(&ns).await?;
             let node_of = |pod: Pod| pod.spec.and_then(|s| s.node_name).unwrap_or_default();
-            if matches!(disruption, Disruption::Partition | Disruption::PowerOff)
+            if matches!(disruption, Disruption::Partition | Disruption::PowerOff | Disruption::Drain)
                 && node_of(pods.get(&primary).await?) == CLIENT_NODE
             {
                 // Not measured: the node fault must not hit the clients.
@@ -455,10 +473,24 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             let started = Instant::now();
             let mut frozen = None;
             let mut faulted = None;
+            let mut draining = None;
             match disruption {
-                Disruption::Partition | Disruption::PowerOff => {
+                Disruption::Partition | Disruption::PowerOff | Disruption::Drain => {
                     let node = node_of(pods.get(&primary).await?);
-                    faulted = Some(NodeFault::begin(&plane, node, disruption == Disruption::PowerOff)?);
+                    if disruption == Disruption::Drain {
+                        // Blocks until the node's pods are gone: beside the in-process operator.
+                        let node = node.clone();
+                        draining = Some(tokio::task::spawn_blocking(move || {
+                            kubectl(&[
+                                "drain",
+                                &node,
+                                "--ignore-daemonsets",
+                                "--delete-emptydir-data",
+                                "--timeout=300s",
+                            ])
+                        }));
+                    }
+                    faulted = Some(NodeFault::begin(&plane, node, disruption)?);
                 }
                 Disruption::Delete => {
                     pods.delete(&primary, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
@@ -526,6 +558,9 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             // still there, it would wake up now, and the sampler would see it take writes.
             if let Some(pid) = frozen {
                 let _ = signal(pid, "-CONT");
+            }
+            if let Some(drain) = draining.take() {
+                drain.await??;
             }
             // The lost node back: its former primary (fenced) rejoins as a replica.
             if let Some(fault) = faulted.take() {
@@ -694,6 +729,7 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             Disruption::Delete | Disruption::GracefulDelete => ("Failover", "its pod"),
             Disruption::Hang => ("Failover", "its PostgreSQL stopped answering"),
             Disruption::Partition | Disruption::PowerOff => ("Failover", "its lease was not renewed"),
+            Disruption::Drain => ("Failover", "its pod is being deleted"),
             Disruption::Switchover => ("Switchover", "switchover to"),
             Disruption::Upgrade => ("Switchover", "rolling update"),
         };

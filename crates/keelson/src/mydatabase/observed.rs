@@ -96,10 +96,12 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
             .await
             .map_err(Error::kube("read the credentials Secret"))?,
     };
+    let statefulset = cache::get(&caches.statefulsets, &namespace, &names::statefulset(db));
+    let pods = own_pods(cache::list(&caches.pods, &namespace, &names::pod_selector(db)), statefulset.as_ref());
     Ok(Observed {
         credentials,
-        statefulset: cache::get(&caches.statefulsets, &namespace, &names::statefulset(db)),
-        pods: cache::list(&caches.pods, &namespace, &names::pod_selector(db)),
+        statefulset,
+        pods,
         backup_jobs: cache::list(&caches.jobs, &namespace, &names::labels(db, "backup")),
         backup_pods: cache::list(&caches.pods, &namespace, &names::labels(db, "backup")),
         data_claims: cache::list(&caches.claims, &namespace, &names::pod_selector(db)),
@@ -118,4 +120,51 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
         failover_blocked: None,
         lease_expires_in: None,
     })
+}
+
+/// The database's pods: those its StatefulSet controls. A pod that only
+/// carries the labels (anyone who may create pods in the namespace can make
+/// one) is never a candidate for primary, nor counted, nor relabelled.
+fn own_pods(pods: Vec<Pod>, statefulset: Option<&StatefulSet>) -> Vec<Pod> {
+    let Some(uid) = statefulset.and_then(|s| s.metadata.uid.as_deref()) else { return Vec::new() };
+    pods.into_iter()
+        .filter(|pod| {
+            pod.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|owner| owner.controller == Some(true) && owner.kind == "StatefulSet" && owner.uid == uid)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn pod(name: &str, owner_uid: Option<&str>) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(name.into());
+        pod.metadata.owner_references = owner_uid.map(|uid| {
+            vec![OwnerReference {
+                kind: "StatefulSet".into(),
+                name: "db".into(),
+                uid: uid.into(),
+                controller: Some(true),
+                ..Default::default()
+            }]
+        });
+        pod
+    }
+
+    #[test]
+    fn only_pods_our_statefulset_controls_are_the_databases() {
+        let mut statefulset = StatefulSet::default();
+        statefulset.metadata.uid = Some("ours".into());
+        let pods = vec![pod("db-0", Some("ours")), pod("db-1", Some("someone-elses")), pod("db-9", None)];
+        let kept: Vec<String> = own_pods(pods.clone(), Some(&statefulset)).iter().map(|p| p.name_any()).collect();
+        assert_eq!(kept, ["db-0"]);
+        assert!(own_pods(pods, None).is_empty(), "no StatefulSet yet: no pods of ours");
+    }
 }
