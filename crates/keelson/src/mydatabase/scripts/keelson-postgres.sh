@@ -168,11 +168,13 @@ init_replica() {
   if [[ -s "$PGDATA/PG_VERSION" ]]; then log "data folder already initialised"; return; fi
   log "waiting for the primary $PRIMARY_HOST:$PRIMARY_PORT"
   until "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; do sleep 1; done
+  # Credentials being rotated may not agree for a moment: wait, rather than fail half-cloned.
+  wait_for_replication_login "host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $UPSTREAM_TIMEOUTS"
   log "cloning the primary with pg_basebackup"
   mkdir -p "$PGDATA"; chmod 700 "$PGDATA"
   # -R writes these options into primary_conninfo too (no application_name:
   # the clone's stream must not count as a synchronous standby).
-  PGPASSWORD="$REPLICATION_PASSWORD" "$(bin pg_basebackup)" -d "$UPSTREAM_TIMEOUTS" -h "$PRIMARY_HOST" -p "$PRIMARY_PORT" \
+  PGPASSWORD="$(replication_password)" "$(bin pg_basebackup)" -d "$UPSTREAM_TIMEOUTS" -h "$PRIMARY_HOST" -p "$PRIMARY_PORT" \
     -U "$REPLICATION_USER" -D "$PGDATA" -X stream -R --checkpoint=fast
   log "replica initialised; it streams from $PRIMARY_HOST"
 }
@@ -194,9 +196,12 @@ rejoin() {
   log "rejoining as a replica of $PRIMARY_HOST"
   until "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; do sleep 0.5; done
   local source="host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $UPSTREAM_TIMEOUTS" output
-  PGPASSWORD="$REPLICATION_PASSWORD" "$(bin psql)" -X -q -d "$source" -c CHECKPOINT 2>/dev/null \
+  # A login that fails (a password being rotated) must not pass for a rewind that cannot be done:
+  # that would throw this data away and clone.
+  wait_for_replication_login "$source"
+  PGPASSWORD="$(replication_password)" "$(bin psql)" -X -q -d "$source" -c CHECKPOINT 2>/dev/null \
     || log "could not ask $PRIMARY_HOST for a checkpoint"
-  if output="$(PGPASSWORD="$REPLICATION_PASSWORD" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
+  if output="$(PGPASSWORD="$(replication_password)" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
       --write-recovery-conf 2>&1)"; then
     sed 's/^/pg_rewind: /' <<<"$output" >&2
     if [[ "$stalled" == 1 && "$output" == *"no rewind required"* ]]; then
@@ -215,6 +220,15 @@ rejoin() {
     rm -rf "$PGDATA"
     init_replica
   fi
+}
+
+# Until the replication role logs in to SOURCE (a conninfo) with the current password.
+wait_for_replication_login() {
+  local tries=0
+  until PGPASSWORD="$(replication_password)" "$(bin psql)" -X -At -q -d "$1" -c 'SELECT 1' >/dev/null 2>&1; do
+    (( tries++ % 30 == 0 )) && log "the replication role cannot log in to the primary yet (credentials being rotated?); waiting"
+    sleep 1
+  done
 }
 
 # Present from a rewind until the replica streams (follow_orders removes it).
@@ -445,14 +459,19 @@ follow_orders_loop() {
 # files ($CREDENTIALS_DIR), which follow it; when they change, the primary
 # sets the roles' passwords and a replica the password it streams with.
 watch_credentials() {
-  local dir="${CREDENTIALS_DIR:-}" applied="" current
+  local dir="${CREDENTIALS_DIR:-}" applied="" current mode
   [[ -n "$dir" && -d "$dir" ]] || return 0
   while sleep "${CREDENTIALS_POLL:-3}"; do
     # A replica holding for a failover must not start streaming again (follow_orders lifts the hold).
     [[ -s "$ORDERS_DIR/hold" ]] && continue
     current="$(cat "$dir/password" "$dir/replication-password" 2>/dev/null | sha256sum)" || continue
-    [[ "$current" == "$applied" ]] && continue
-    apply_credentials "$dir" && applied="$current"
+    # Applied per role: a replica applies the passwords to its streaming, and
+    # once promoted it must set them on the roles (a rotation its former
+    # primary had not applied yet would otherwise lock every replica out).
+    mode="$(env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" \
+      -U postgres -d postgres -c 'SELECT pg_is_in_recovery()' 2>/dev/null)" || continue
+    [[ "$current $mode" == "$applied" ]] && continue
+    apply_credentials "$dir" && applied="$current $mode"
   done
 }
 
