@@ -319,7 +319,7 @@ fn postgres_restarts(pod: &Pod) -> Option<i32> {
     statuses.iter().find(|c| c.name == "postgres").map(|c| c.restart_count)
 }
 
-/// How many pod deletions and switchovers `KEELSON_HA_ROUNDS` asks for (1 unless set).
+/// How many rounds of each disruption `KEELSON_HA_ROUNDS` asks for (1 unless set; at least 3 force deletions).
 fn rounds() -> usize {
     std::env::var("KEELSON_HA_ROUNDS").ok().and_then(|n| n.parse().ok()).unwrap_or(1).max(1)
 }
@@ -337,8 +337,10 @@ fn report_table(ready_in: Duration, report: &[(Disruption, Duration, Option<i64>
     let mut out = String::from(
         "# High availability, measured\n\n\
          Written by `make bench-ha` (`crates/keelson/tests/high_availability.rs` with \
-         `KEELSON_HA_REPORT`): one MyDatabase of 3 instances on the real node of the local \
-         cluster, a writer pod committing through `-rw` all along (see docs/high-availability.md).\n\n",
+         `KEELSON_HA_REPORT`): one MyDatabase of 3 instances on the three real nodes of the local \
+         cluster, two writers on another node committing through `-rw` all along (one connection per \
+         commit, and one long-lived session), every disruption repeated `KEELSON_HA_ROUNDS` times; no \
+         acknowledged commit lost and never two primaries in these runs (see docs/high-availability.md).\n\n",
     );
     out += &format!(
         "- `kubectl apply` of the MyDatabase → 3 instances Running, streaming: {:.1} s\n\n",
@@ -430,10 +432,9 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         eventually(DEFAULT_TIMEOUT, "the writer to commit", || async { writes_after(0).await >= 20 }).await?;
         let mut plan = vec![Disruption::Delete; DELETIONS.max(rounds())];
         plan.extend(vec![Disruption::GracefulDelete; rounds()]);
-        plan.push(Disruption::Hang);
-        plan.push(Disruption::Partition);
-        plan.push(Disruption::PowerOff);
-        plan.push(Disruption::Drain);
+        for kind in [Disruption::Hang, Disruption::Partition, Disruption::PowerOff, Disruption::Drain] {
+            plan.extend(vec![kind; rounds()]);
+        }
         plan.extend(vec![Disruption::Switchover; rounds()]);
         plan.push(Disruption::Upgrade);
         // KEELSON_HA_ONLY=Partition,PowerOff runs only those kinds (when working on one).

@@ -49,6 +49,22 @@ fn primary(scratch: &Scratch, script: &std::path::Path) -> anyhow::Result<Server
     Server::start(&data, &scratch.path)
 }
 
+/// A seeded primary and a replica the script cloned from it, started with `replica_options`.
+fn primary_and_replica(
+    scratch: &Scratch,
+    script: &std::path::Path,
+    replica_options: &str,
+) -> anyhow::Result<(Server, Server)> {
+    let primary = primary(scratch, script)?;
+    seed(&primary)?;
+    let replica_data = scratch.path.join("replica");
+    let mut env = base_env(&replica_data);
+    env.extend([("PRIMARY_HOST", "127.0.0.1".to_string()), ("PRIMARY_PORT", primary.port.to_string())]);
+    check(run(script, &["init-replica"], &env)?, "init-replica")?;
+    let replica = Server::start_with(&replica_data, &scratch.path, replica_options)?;
+    Ok((primary, replica))
+}
+
 fn seed(server: &Server) -> anyhow::Result<String> {
     server.psql("app", APP_PASSWORD, "app", "CREATE TABLE orders (id int PRIMARY KEY, item text, qty int)")?;
     server.psql(
@@ -301,13 +317,7 @@ fn a_holding_replica_stops_streaming_and_a_synchronous_primary_then_acknowledges
     }
     let scratch = Scratch::new("hold")?;
     let script = script()?;
-    let primary = primary(&scratch, &script)?;
-    seed(&primary)?;
-    let replica_data = scratch.path.join("replica");
-    let mut env = base_env(&replica_data);
-    env.extend([("PRIMARY_HOST", "127.0.0.1".to_string()), ("PRIMARY_PORT", primary.port.to_string())]);
-    check(run(&script, &["init-replica"], &env)?, "init-replica")?;
-    let replica = Server::start(&replica_data, &scratch.path)?;
+    let (primary, replica) = primary_and_replica(&scratch, &script, "")?;
 
     let orders = |name: &str, role: &str, synchronous: &str, hold: &str| -> anyhow::Result<PathBuf> {
         let dir = scratch.path.join(format!("orders-{name}"));
@@ -392,14 +402,8 @@ async fn instance_probe_reads_roles_version_and_lag_from_real_servers() -> anyho
     }
     let scratch = Scratch::new("probe")?;
     let script = script()?;
-    let primary = primary(&scratch, &script)?;
-    seed(&primary)?;
-    let replica_data = scratch.path.join("replica");
-    let mut env = base_env(&replica_data);
-    env.extend([("PRIMARY_HOST", "127.0.0.1".to_string()), ("PRIMARY_PORT", primary.port.to_string())]);
-    check(run(&script, &["init-replica"], &env)?, "init-replica")?;
     // As the pod's start does: the replica's cluster_name is its pod.
-    let replica = Server::start_with(&replica_data, &scratch.path, "-c cluster_name=db-1")?;
+    let (primary, replica) = primary_and_replica(&scratch, &script, "-c cluster_name=db-1")?;
     let probe_of = |server: &Server| probe::Server {
         socket_dir: server.socket_dir().to_string_lossy().into_owned(),
         port: server.port,

@@ -294,21 +294,7 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
     // Scale down, write, scale up: the returning replica (its old volume) catches up. While it is
     // away the primary writes and recycles more WAL than it keeps (wal_keep_size 256 MB): the
     // returning replica cannot stream from where it stopped, so it must be cloned afresh.
-    let data_written = || {
-        kubectl(&[
-            "-n",
-            &ns.name,
-            "exec",
-            "small-db-1",
-            "-c",
-            "postgres",
-            "--",
-            "bash",
-            "-c",
-            "stat -c %Z \"$PGDATA/PG_VERSION\"",
-        ])
-        .map(|out| out.trim().parse::<u64>().unwrap_or_default())
-    };
+    let data_written = || created("small-db-1")().map(|at| at.parse::<u64>().unwrap_or_default());
     let cloned_at = data_written()?;
     dbs.patch(
         "small-db",

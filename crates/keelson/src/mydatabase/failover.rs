@@ -155,6 +155,10 @@ pub struct Situation<'a> {
     /// A person forced the failover: past the wait, the best of the replicas
     /// that answered is promoted even though others did not.
     pub forced: bool,
+    /// The uid of the pod this process chose as primary: a pod of that name
+    /// without the role is that same pod whose label write failed (label it
+    /// again), not a replacement. None: not known (this process did not choose).
+    pub chosen_uid: Option<&'a str>,
     /// The primary's lease has not been renewed for `LEASE_EXPIRES_AFTER`: it
     /// is cut off (and has fenced itself), or its node is gone.
     pub lease_expired: bool,
@@ -163,12 +167,14 @@ pub struct Situation<'a> {
 }
 
 pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
-    let Situation { asked, stepping_down, prefer, waited_enough, forced, lease_expired, now } = *situation;
+    let Situation { asked, stepping_down, prefer, waited_enough, forced, chosen_uid, lease_expired, now } = *situation;
     let current = pods.iter().find(|p| p.name_any() == primary);
     // A pod of that name without the role is a new one (the StatefulSet
     // replaced the primary's pod, or the database is starting): it serves
     // nothing until it is given a role, so a live replica takes over first.
-    let unlabelled = current.filter(|p| !labelled_primary(p)).map(|_| "its pod was replaced".to_string());
+    let replaced = |p: &&Pod| chosen_uid.is_none_or(|uid| p.metadata.uid.as_deref() != Some(uid));
+    let unlabelled =
+        current.filter(|p| !labelled_primary(p)).filter(replaced).map(|_| "its pod was replaced".to_string());
     let stepped_down = stepping_down.map(str::to_string);
     let expired = (lease_expired && current.is_some()).then(|| {
         format!(
@@ -508,6 +514,21 @@ mod tests {
             decide("db-0", &pods, &expired),
             Decision::AskPositions { ref why, .. } if why.starts_with("its lease was not renewed")
         ));
+    }
+
+    #[test]
+    fn a_chosen_primary_whose_label_write_failed_is_kept_not_failed_over() {
+        let mut chosen = pod("db-1", Role::Replica, "0/500", None);
+        chosen.metadata.uid = Some("uid-1".into());
+        let pods = [chosen, pod("db-2", Role::Replica, "0/400", None)];
+        // Chosen by this process, its label not written yet: label it again.
+        let known = Situation { chosen_uid: Some("uid-1"), ..Default::default() };
+        assert_eq!(decide("db-1", &pods, &known), Decision::Keep("db-1".into()));
+        // A pod of that name with another uid is the StatefulSet's replacement.
+        let replaced = Situation { chosen_uid: Some("uid-0"), ..Default::default() };
+        assert!(
+            matches!(decide("db-1", &pods, &replaced), Decision::AskPositions { ref why, .. } if why == "its pod was replaced")
+        );
     }
 
     #[test]

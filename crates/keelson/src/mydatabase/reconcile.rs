@@ -46,8 +46,9 @@ pub struct MyDatabaseReconciler {
 /// This process's decisions about one database's primary.
 #[derive(Clone, Debug, Default)]
 pub struct PrimaryState {
-    /// The primary chosen last (labels and status follow it).
+    /// The primary chosen last (labels and status follow it), and its pod's uid.
     chosen: Option<String>,
+    chosen_uid: Option<String>,
     /// A failover or switchover under way.
     pending: Option<Pending>,
     /// The newest failover or switchover decided: status carries it even when
@@ -284,6 +285,10 @@ impl MyDatabaseReconciler {
     }
 }
 
+fn uid_of(pods: &[Pod], name: &str) -> Option<String> {
+    pods.iter().find(|p| p.name_any() == name).and_then(|p| p.metadata.uid.clone())
+}
+
 fn key(db: &MyDatabase) -> String {
     format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any())
 }
@@ -331,6 +336,7 @@ impl MyDatabaseReconciler {
             prefer: switchover.map(|s| s.to.as_str()),
             waited_enough: waited,
             forced,
+            chosen_uid: state.chosen.as_deref().filter(|c| *c == recorded).and(state.chosen_uid.as_deref()),
             lease_expired: lease_unrenewed.is_some_and(|unrenewed| unrenewed >= LEASE_EXPIRES_AFTER),
             now: Some(k8s_openapi::jiff::Timestamp::now()),
         };
@@ -339,6 +345,7 @@ impl MyDatabaseReconciler {
                 let serving = observed.pods.iter().find(|p| p.name_any() == primary).and_then(instances::report);
                 let serving = serving.is_some_and(|r| r.role == Role::Primary && !r.unresponsive);
                 self.update_state(db, |state| {
+                    state.chosen_uid = uid_of(&observed.pods, &primary).or(state.chosen_uid.take());
                     state.chosen = Some(primary.clone());
                     state.pending = None;
                     state.blocked = None;
@@ -452,6 +459,7 @@ impl MyDatabaseReconciler {
                     ..Default::default()
                 };
                 self.update_state(db, |state| {
+                    state.chosen_uid = uid_of(&observed.pods, &promotion.to);
                     state.chosen = Some(promotion.to.clone());
                     state.pending = None;
                     state.blocked = None;
@@ -471,6 +479,7 @@ impl MyDatabaseReconciler {
                     tracing::warn!(namespace, name, primary = lost, why, "primary lost and no replica can take over");
                 }
                 self.update_state(db, |state| {
+                    state.chosen_uid = uid_of(&observed.pods, &lost);
                     state.chosen = Some(lost.clone());
                     state.pending = None;
                     state.blocked = None;
