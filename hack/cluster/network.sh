@@ -45,7 +45,10 @@ start_node_network() {
   mkdir -p "$NODE_DIR/cni/net.d" "$NODE_DIR/cni/ipam"
   [[ -e "/run/netns/$NETNS" ]] || ip netns add "$NETNS"
   if ! ip link show "$VETH" >/dev/null 2>&1; then
-    ip link add "$VETH" type veth peer name eth0 netns "$NETNS"
+    # A fixed address, as a real node's NIC keeps across a reboot: after a
+    # poweron the other nodes' neighbour entries for it are still right (a new
+    # random one left them sending to the old address for seconds).
+    ip link add "$VETH" type veth peer name eth0 address "$(printf '02:6b:65:%02x:00:%02x' "$CLUSTER_ID" "$NODE_K")" netns "$NETNS"
   fi
   ip link set "$VETH" master "$BRIDGE" up
   ip -n "$NETNS" link set lo up

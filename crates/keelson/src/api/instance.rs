@@ -44,6 +44,9 @@ pub struct InstanceReport {
     /// A replica: the WAL receiver is streaming from the primary.
     #[serde(default)]
     pub streaming: bool,
+    /// A replica holding for a failover (no upstream): its position is final.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
     /// The position request this report answers, if it answers one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answering: Option<String>,
@@ -94,6 +97,7 @@ impl InstanceReport {
             && self.server_version == other.server_version
             && self.timeline == other.timeline
             && self.streaming == other.streaming
+            && self.held == other.held
             && self.answering == other.answering
             && self.unresponsive == other.unresponsive
             && replicas(self) == replicas(other)

@@ -41,7 +41,7 @@ const LOOK_EVERY: Duration = Duration::from_secs(1);
 const POSITIONS_EVERY: Duration = Duration::from_secs(5);
 /// Where PostgreSQL's container says it (re)started (in the socket folder both share).
 const BOOT_FILE: &str = ".keelson-boot";
-/// How often a replica told to hold is looked at until it stops streaming.
+/// How often a replica told to hold is looked at until it holds.
 const HOLD_LOOK_EVERY: Duration = Duration::from_millis(200);
 /// One look may take this long: a server that takes longer does not answer.
 const LOOK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -184,10 +184,10 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
     let mut orders = watcher(pods.clone(), own_pod).default_backoff().applied_objects().boxed();
     let stop = crate::operator::termination_signal();
     tokio::pin!(stop);
-    // Told to hold, the server stops streaming within a moment: look often
-    // until it has, so that the final position reaches the operator at once.
+    // Told to hold, the server lets go of its upstream within a moment: look
+    // often until it has, so that the final position reaches the operator at once.
     let mut holding = false;
-    let mut still_streaming = false;
+    let mut final_position = false;
     let mut primary = false;
     let mut standbys_named = false;
     let mut lease = Lease::new(Instant::now());
@@ -197,7 +197,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
     let mut looked = tokio::time::Instant::now();
     loop {
         // Events on the pod do not put the next look off.
-        let look_in = if holding && still_streaming { HOLD_LOOK_EVERY } else { LOOK_EVERY };
+        let look_in = if holding && !final_position { HOLD_LOOK_EVERY } else { LOOK_EVERY };
         tokio::select! {
             _ = &mut stop => return Ok(()),
             _ = tokio::time::sleep_until(looked + look_in) => {}
@@ -283,7 +283,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
         }
         let seen = match probed {
             Ok(mut seen) => {
-                still_streaming = seen.streaming;
+                final_position = seen.held && !seen.streaming;
                 failing_since = None;
                 answered_last = Some(Instant::now());
                 seen.answering = answering.clone();
@@ -354,6 +354,7 @@ mod tests {
             answering: None,
             replicas: vec![ReplicaReport { name: "db-1".into(), state: "streaming".into(), lag_bytes: Some(lag) }],
             unresponsive: false,
+            held: false,
         }
     }
 

@@ -196,8 +196,8 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
     let Some(token) = asked else {
         return Decision::AskPositions { lost: primary.to_string(), why, token: String::new(), ask: names };
     };
-    // An answer counts once the replica no longer streams: while it does, the
-    // old primary may still run (a deleted pod's processes outlive its object,
+    // An answer counts once the replica holds (no upstream) and no longer
+    // streams: while it could stream, the old primary may still run (a deleted pod's processes outlive its object,
     // a hung postmaster's backends go on committing, a partitioned node keeps
     // serving its own clients) and have commits confirmed by it. A replica
     // told to hold stops streaming; once every replica that could confirm a
@@ -206,7 +206,7 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
     let answers: Vec<(String, InstanceReport)> = candidates
         .iter()
         .filter_map(|p| Some((p.name_any(), answer(p, token)?)))
-        .filter(|(_, report)| !report.streaming)
+        .filter(|(_, report)| report.held && !report.streaming)
         .collect();
     let waiting_for: Vec<String> =
         names.iter().filter(|name| !answers.iter().any(|(answered, _)| answered == *name)).cloned().collect();
@@ -261,8 +261,9 @@ mod tests {
             timeline: 1,
             lsn: received.into(),
             received_lsn: (role == Role::Replica).then(|| received.to_string()),
-            // An answer comes once the old primary is gone: no longer streaming.
+            // An answer comes once the old primary is gone: held, no longer streaming.
             streaming: role == Role::Replica && answering.is_none(),
+            held: role == Role::Replica && answering.is_some(),
             answering: answering.map(str::to_string),
             replicas: vec![],
             unresponsive: false,
@@ -491,6 +492,7 @@ mod tests {
             let mut replica = pod(name, Role::Replica, lsn, Some("t1"));
             let mut report = instances::report(&replica).expect("report");
             report.streaming = streaming;
+            report.held = !streaming;
             replica.metadata.annotations =
                 Some([(ANNOTATION.to_string(), serde_json::to_string(&report).expect("json"))].into());
             replica

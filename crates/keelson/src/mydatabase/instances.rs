@@ -90,6 +90,7 @@ mod tests {
             answering: None,
             replicas: vec![ReplicaReport { name: "db-1".into(), state: "streaming".into(), lag_bytes: Some(4096) }],
             unresponsive: false,
+            held: false,
         }
     }
 

@@ -378,9 +378,23 @@ impl MyDatabaseReconciler {
                         pending.lost_at = Time(pending.lost_at.0 - lease_unrenewed.unwrap_or_default());
                     }
                     self.update_state(db, |state| state.pending = Some(pending));
-                } else if pending.is_some_and(|p| p.held_at.is_none() && p.asked_at.elapsed() >= POSITION_WAIT) {
-                    // Replicas still stream (or have not answered): the old primary may still run.
-                    tracing::warn!(namespace, name, primary = lost, replicas = ?ask, "replicas still stream from the old primary; telling them to hold");
+                } else if let Some(pending) = pending.filter(|p| p.held_at.is_none()) {
+                    // Their streams ended (the old primary's end), or still run after the wait (it may
+                    // still run): either way they hold now, so that their positions stay final.
+                    let ended = ask.iter().all(|name| {
+                        observed
+                            .pods
+                            .iter()
+                            .find(|p| p.name_any() == *name)
+                            .and_then(|p| failover::answer(p, &token))
+                            .is_some_and(|answer| !answer.streaming)
+                    });
+                    if !ended && pending.asked_at.elapsed() < POSITION_WAIT {
+                        return (recorded, true);
+                    }
+                    if !ended {
+                        tracing::warn!(namespace, name, primary = lost, replicas = ?ask, "replicas still stream from the old primary; telling them to hold");
+                    }
                     hold(&ask, &token, applier).await;
                     self.update_state(db, |state| {
                         if let Some(pending) = state.pending.as_mut() {
@@ -677,6 +691,9 @@ async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Appl
     });
     for pod in ordered {
         let role = wanted(pod);
+        // Nothing further until the pod losing the role has lost it and the new primary has it:
+        // else `-rw` could select two pods, and held replicas stream again from the old one.
+        let must_land = role == services::PRIMARY || stepping_down(pod);
         let synchronous = synchronous_standbys(db, &pod.name_any());
         if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role)
             && pod.annotations().get(SYNCHRONOUS_STANDBYS) == Some(&synchronous)
@@ -689,6 +706,8 @@ async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Appl
             "annotations": {SYNCHRONOUS_STANDBYS: synchronous, HOLD_STREAMING: null}}});
         if applier.merge_patch::<Pod>(&pod.name_any(), &patch, "label").await {
             tracing::info!(namespace = ?pod.namespace(), pod = %pod.name_any(), role, "labelled pod role");
+        } else if must_land {
+            return;
         }
     }
 }

@@ -408,6 +408,9 @@ replication_password() {
 # Streams from HOST from now on (the WAL receiver reconnects on reload).
 follow() {
   local host="$1" conninfo
+  # Held for a failover: no streaming until the operator lifts the hold (a
+  # credentials change or a reconnect must not undo it).
+  if [[ -n "${ORDERS_DIR:-}" && -s "$ORDERS_DIR/hold" ]]; then log "held for a failover: not following $host yet"; return 1; fi
   conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica} $UPSTREAM_TIMEOUTS"
   conninfo+=" password=$(replication_password)"
   env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
