@@ -30,8 +30,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::api::instance::{
-    ANNOTATION, HOLD_STREAMING, InstanceReport, LEASE, LEASE_RENEW_EVERY, POSITION_REQUEST, ROLE_LABEL, Role,
-    SYNCHRONOUS_STANDBYS,
+    ANNOTATION, HOLD_STREAMING, InstanceReport, LEASE, POSITION_REQUEST, ROLE_LABEL, Role, SYNCHRONOUS_STANDBYS,
 };
 use lease::Lease;
 use probe::Server;
@@ -39,6 +38,8 @@ use probe::Server;
 pub const FIELD_MANAGER: &str = "keelson-instance";
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 const POSITIONS_EVERY: Duration = Duration::from_secs(5);
+/// How long a lease renewal may take before it counts as failed.
+const RENEW_TIMEOUT: Duration = Duration::from_secs(1);
 /// Where PostgreSQL's container says it (re)started (in the socket folder both share).
 const BOOT_FILE: &str = ".keelson-boot";
 /// How often a replica told to hold is looked at until it holds.
@@ -233,7 +234,8 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                 let sent = Instant::now();
                 let patch = Patch::Merge(json!({"metadata": {"annotations": {LEASE: count.to_string()}}}));
                 let renewal = pods.patch(&pod, &params, &patch);
-                match tokio::time::timeout(LEASE_RENEW_EVERY, renewal).await {
+                // Short: while renewals fail, the fence is looked at once a loop.
+                match tokio::time::timeout(RENEW_TIMEOUT, renewal).await {
                     Ok(Ok(own)) => {
                         lease.renewed(sent);
                         renew_failed_at = None;
@@ -245,7 +247,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                     failed => {
                         let error = match failed {
                             Ok(Err(error)) => error.to_string(),
-                            _ => format!("no answer within {LEASE_RENEW_EVERY:?}"),
+                            _ => format!("no answer within {RENEW_TIMEOUT:?}"),
                         };
                         if renew_failed_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
                             tracing::warn!(namespace, pod, error, "could not renew the primary lease");
@@ -305,6 +307,11 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
             }
         };
         let Some(seen) = seen else { continue };
+        // A primary that cannot renew cannot report either: no 2 s wait that would hold up its fence.
+        if primary && renew_failed_at.is_some() {
+            reporter.forget();
+            continue;
+        }
         let patch = Patch::Merge(
             json!({"metadata": {"annotations": {ANNOTATION: serde_json::to_string(&seen).unwrap_or_default()}}}),
         );

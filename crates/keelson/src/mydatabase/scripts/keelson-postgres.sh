@@ -347,6 +347,12 @@ follow_orders() {
   local sql=(env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
   role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" || return 0
   hold="$(cat "$ORDERS_DIR/hold" 2>/dev/null)" || hold=""
+  # The fence first, before any SQL: a server too busy or stuck to answer must stop all the same.
+  if [[ -s "$ORDERS_DIR/fence" ]] && "$(bin pg_ctl)" -D "$PGDATA" status >/dev/null 2>&1; then
+    log "fenced: $(cat "$ORDERS_DIR/fence"); stopping until the lease is renewed"
+    restart_server
+    return 0
+  fi
   # One look at the server answers every question below.
   state="$("${sql[@]}" -F '|' -c "SELECT pg_is_in_recovery(),
       EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
@@ -354,11 +360,6 @@ follow_orders() {
       current_setting('primary_conninfo') <> ''" 2>/dev/null)" || return 0
   IFS='|' read -r in_recovery streaming current upstream <<<"$state"
   rm -f "$(starting_marker)"
-  if [[ -s "$ORDERS_DIR/fence" ]]; then
-    log "fenced: $(cat "$ORDERS_DIR/fence"); stopping until the lease is renewed"
-    restart_server
-    return 0
-  fi
   STREAMING="$streaming" IN_RECOVERY="$in_recovery" HOLDING=""
   if [[ "$in_recovery" == t && -n "$hold" ]]; then
     # A failover's hold: let go of the primary, so that its position is final
@@ -426,7 +427,7 @@ SQL
 follow_orders_loop() {
   local stalled_since="" kicked="" seen="" orders looked=-1
   while sleep "${ORDERS_POLL:-0.2}"; do
-    orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" "$ORDERS_DIR/hold" "$ORDERS_DIR/fence" 2>/dev/null)"
+    orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" "$ORDERS_DIR/hold" "$ORDERS_DIR/fence" 2>/dev/null || true)"
     [[ "$orders" != "$seen" || $SECONDS -ne $looked ]] || continue
     seen="$orders" looked=$SECONDS STREAMING="" IN_RECOVERY=""
     follow_orders || true
