@@ -372,10 +372,11 @@ impl MyDatabaseReconciler {
                     let mut pending = ask_positions(&lost, &why, &ask, None, applier).await;
                     // Cut off, it stopped taking writes before its lease expired.
                     if situation.lease_expired
-                        && let Some(since) = lease_unrenewed.and_then(|u| Instant::now().checked_sub(u))
+                        && let Some(unrenewed) = lease_unrenewed
+                        && let Some(since) = Instant::now().checked_sub(unrenewed)
                     {
                         pending.began = since;
-                        pending.lost_at = Time(pending.lost_at.0 - lease_unrenewed.unwrap_or_default());
+                        pending.lost_at = Time(pending.lost_at.0 - unrenewed);
                     }
                     self.update_state(db, |state| state.pending = Some(pending));
                 } else if let Some(pending) = pending.filter(|p| p.held_at.is_none()) {
@@ -607,11 +608,10 @@ async fn fence_unresponsive(db: &MyDatabase, pods: &[Pod], lost: &str, applier: 
 }
 
 /// Asks `replicas` for their positions now (a request their managers answer
-/// at once). An answer counts once the replica no longer streams: the old
-/// primary is gone (its streams end when it dies: a deleted pod's processes
-/// outlive its object for a moment, and promoting before would leave two
-/// primaries taking connections), or the replica was told to hold (see
-/// `hold`), which `elect_primary` does when it still streams after the wait.
+/// at once). They are told to hold (see `hold`) only once their streams have
+/// ended, or after the wait: a deleted pod's processes outlive its object for
+/// a moment, and holding (then promoting) before would leave two primaries
+/// taking connections. Only a held replica's answer counts (`failover::decide`).
 async fn ask_positions(
     lost: &str,
     why: &str,
