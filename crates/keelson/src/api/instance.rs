@@ -20,6 +20,11 @@ pub const HOLD_STREAMING: &str = "db.keelson.dev/hold-streaming";
 /// Set by the operator on every pod: PostgreSQL's `synchronous_standby_names`
 /// for when that instance is the primary (empty: asynchronous).
 pub const SYNCHRONOUS_STANDBYS: &str = "db.keelson.dev/synchronous-standbys";
+/// Set by the operator on a replica's pod: the primary's pod address, which
+/// it streams from (not the `-rw` Service: kube-proxy moves that on each node
+/// in its own time, and a cut-off former primary must never be streamed from
+/// again). Changed in the same write that lifts a failover's hold.
+pub const UPSTREAM: &str = "db.keelson.dev/upstream";
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]

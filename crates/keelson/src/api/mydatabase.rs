@@ -80,11 +80,13 @@ pub struct MyDatabaseSpec {
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
 
-    /// Synchronous (the default): with two or more replicas, a commit is
-    /// acknowledged once at least one replica has it (`ANY 1`), so a failover
-    /// loses nothing a client saw committed, and one replica down does not
-    /// stop writes. Asynchronous: faster commits; a failover may lose the
-    /// last ones. With fewer than two replicas replication is asynchronous.
+    /// Synchronous (the default): a commit is acknowledged once at least one
+    /// replica has it (`ANY 1` of the others, by name), so a failover loses
+    /// nothing a client saw committed. With three or more instances one
+    /// replica down does not stop writes; with two, writes wait while the
+    /// replica is down (durability required). Asynchronous: writes never wait
+    /// for a replica; a failover may lose the last commits. One instance
+    /// has nothing to wait for.
     #[serde(default)]
     pub replication: ReplicationMode,
 }

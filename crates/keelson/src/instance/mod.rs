@@ -11,8 +11,9 @@
 //! the server is idle.
 //!
 //! It also watches its own pod for what the operator decides: the role label
-//! and the synchronous standbys, which it writes as files into the folder
-//! PostgreSQL's container shares (`role`, `synchronous-standbys`), where
+//! the synchronous standbys, a failover's hold and the primary to stream from,
+//! which it writes as files into the folder PostgreSQL's container shares
+//! (`role`, `synchronous-standbys`, `hold`, `upstream`), where
 //! `keelson-postgres.sh` acts on them (promote, step down, reconfigure); and
 //! the position request of a failover, which it answers at once.
 
@@ -31,6 +32,7 @@ use serde_json::json;
 
 use crate::api::instance::{
     ANNOTATION, HOLD_STREAMING, InstanceReport, LEASE, POSITION_REQUEST, ROLE_LABEL, Role, SYNCHRONOUS_STANDBYS,
+    UPSTREAM,
 };
 use lease::Lease;
 use probe::Server;
@@ -93,13 +95,15 @@ pub struct RunArgs {
 }
 
 /// Writes what the operator decided for this pod as files, when it changed.
-/// The hold is written empty when the operator lifted it.
+/// The hold and the upstream are written empty when the operator removed them.
 fn write_orders(dir: &Path, pod: &Pod) -> Result<(), InstanceError> {
-    let no_hold = String::new();
+    let none = String::new();
     let orders = [
         ("role", pod.labels().get(ROLE_LABEL)),
         ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS)),
-        ("hold", Some(pod.annotations().get(HOLD_STREAMING).unwrap_or(&no_hold))),
+        // The upstream before the hold: a lifted hold must never be read with the old primary's address.
+        ("upstream", Some(pod.annotations().get(UPSTREAM).unwrap_or(&none))),
+        ("hold", Some(pod.annotations().get(HOLD_STREAMING).unwrap_or(&none))),
     ];
     for (file, value) in orders {
         let Some(value) = value else { continue };

@@ -26,6 +26,20 @@ use kube::ResourceExt;
 use super::instances;
 use super::names;
 use crate::api::instance::{InstanceReport, LEASE_EXPIRES_AFTER, Role};
+use crate::api::mydatabase::{MyDatabase, ReplicationMode};
+
+/// The standbys `primary` names for synchronous replication (`ANY 1` of
+/// them confirms each commit): every other instance, by name. Empty when the
+/// spec asks for asynchronous replication, or for one instance. Two
+/// instances are synchronous too (durability required): the replica must
+/// confirm each commit, and writes wait while it is down.
+pub fn synchronous_standbys(db: &MyDatabase, primary: &str) -> Vec<String> {
+    if db.spec.replication != ReplicationMode::Synchronous || db.spec.replicas < 2 {
+        return Vec::new();
+    }
+    let statefulset = names::statefulset(db);
+    (0..db.spec.replicas).map(|ordinal| format!("{statefulset}-{ordinal}")).filter(|name| name != primary).collect()
+}
 
 /// A WAL position (`X/Y` in hex) as a number.
 pub fn parse_lsn(lsn: &str) -> Option<u64> {
@@ -48,8 +62,8 @@ pub enum Decision {
     Promote(Promotion),
     /// The primary is lost, but replicas that may hold the last acknowledged
     /// commit have not given a final position: no promotion (quorum), unless
-    /// forced.
-    Blocked { lost: String, why: String, waiting_for: Vec<String> },
+    /// forced. The request stands for the pods in `ask`.
+    Blocked { lost: String, why: String, waiting_for: Vec<String>, ask: Vec<String> },
     /// The primary is lost and no replica can take over (none live).
     NoCandidate { lost: String, why: String },
 }
@@ -118,8 +132,9 @@ fn stopping(pod: Option<&Pod>) -> Option<String> {
 }
 
 /// Why `target` cannot take over from `primary` in a switchover, if it cannot:
-/// it must be a ready replica of this database, streaming, answering.
-pub fn switchover_refusal(target: &str, primary: &str, pods: &[Pod]) -> Option<String> {
+/// it must be a ready replica of this database, streaming, answering; and
+/// every named standby must stream too (a promotion waits for each of them).
+pub fn switchover_refusal(target: &str, primary: &str, pods: &[Pod], standbys: &[String]) -> Option<String> {
     let Some(pod) = pods.iter().find(|p| p.name_any() == target) else {
         let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
         return Some(format!("{target} is not a pod of this database (its pods: {})", names.join(", ")));
@@ -132,7 +147,21 @@ pub fn switchover_refusal(target: &str, primary: &str, pods: &[Pod]) -> Option<S
         && lost(Some(pod), None).is_none()
         && crate::runtime::pods::is_ready(pod)
         && report.as_ref().is_some_and(|r| r.role == Role::Replica && r.streaming);
-    (!healthy).then(|| format!("{target} is not a healthy replica (it must be ready and streaming from {primary})"))
+    if !healthy {
+        return Some(format!("{target} is not a healthy replica (it must be ready and streaming from {primary})"));
+    }
+    let streams = |name: &String| {
+        pods.iter().find(|p| p.name_any() == *name).and_then(instances::report).is_some_and(|r| r.streaming)
+    };
+    let down: Vec<&String> = standbys.iter().filter(|name| *name != primary && !streams(name)).collect();
+    (!down.is_empty()).then(|| {
+        let down: Vec<&str> = down.iter().map(|name| name.as_str()).collect();
+        format!(
+            "{} do not stream from {primary}: a promotion waits for every synchronous standby, which may hold the \
+             last commits; bring them back first",
+            down.join(", ")
+        )
+    })
 }
 
 /// The answer `pod` gave to the position request `token`, if it gave it.
@@ -164,10 +193,15 @@ pub struct Situation<'a> {
     pub lease_expired: bool,
     /// The time, for a deleted pod's grace period; None: it has not passed.
     pub now: Option<Timestamp>,
+    /// The lost primary's synchronous standbys: any of them may hold the
+    /// last acknowledged commit, so each must give a final position, even one
+    /// that is down now (it answers once it runs again), unless forced.
+    pub standbys: &'a [String],
 }
 
 pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
-    let Situation { asked, stepping_down, prefer, waited_enough, forced, chosen_uid, lease_expired, now } = *situation;
+    let Situation { asked, stepping_down, prefer, waited_enough, forced, chosen_uid, lease_expired, now, standbys } =
+        *situation;
     let current = pods.iter().find(|p| p.name_any() == primary);
     // A pod of that name without the role is a new one (the StatefulSet
     // replaced the primary's pod, or the database is starting): it serves
@@ -192,9 +226,23 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
     if candidates.is_empty() {
         return Decision::NoCandidate { lost: primary.to_string(), why };
     }
-    let names: Vec<String> = candidates.iter().map(|p| p.name_any()).collect();
+    // Who must give a final position: every replica that could take over,
+    // and every standby the lost primary named, running or not.
+    let mut names: Vec<String> = candidates.iter().map(|p| p.name_any()).collect();
+    for standby in standbys.iter().filter(|name| *name != primary) {
+        if !names.contains(standby) {
+            names.push(standby.clone());
+        }
+    }
+    names.sort();
+    // Asked: those whose pods exist (a replacement is asked when it appears).
+    let ask: Vec<String> = names
+        .iter()
+        .filter(|name| pods.iter().any(|p| p.name_any() == **name && p.metadata.deletion_timestamp.is_none()))
+        .cloned()
+        .collect();
     let Some(token) = asked else {
-        return Decision::AskPositions { lost: primary.to_string(), why, token: String::new(), ask: names };
+        return Decision::AskPositions { lost: primary.to_string(), why, token: String::new(), ask };
     };
     // An answer counts once the replica holds (no upstream) and no longer
     // streams: while it could stream, the old primary may still run (a deleted pod's processes outlive its object,
@@ -203,8 +251,9 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
     // told to hold stops streaming; once every replica that could confirm a
     // commit has, the old primary can acknowledge nothing more (synchronous
     // replication), and the most advanced of them holds every commit it did.
-    let answers: Vec<(String, InstanceReport)> = candidates
+    let answers: Vec<(String, InstanceReport)> = pods
         .iter()
+        .filter(|p| names.contains(&p.name_any()) && p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| Some((p.name_any(), answer(p, token)?)))
         .filter(|(_, report)| report.held && !report.streaming)
         .collect();
@@ -213,20 +262,34 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
     let overridden = waited_enough && forced && !answers.is_empty();
     if !waiting_for.is_empty() && !overridden {
         if waited_enough {
-            return Decision::Blocked { lost: primary.to_string(), why, waiting_for };
+            return Decision::Blocked { lost: primary.to_string(), why, waiting_for, ask };
         }
-        return Decision::AskPositions { lost: primary.to_string(), why, token: token.to_string(), ask: names };
+        return Decision::AskPositions { lost: primary.to_string(), why, token: token.to_string(), ask };
     }
-    let position = |r: &InstanceReport| r.received_lsn.as_deref().or(Some(&r.lsn)).and_then(parse_lsn).unwrap_or(0);
-    // The most WAL received; among equals, the preferred one, then the lowest name (a stable choice).
+    // Timeline first (a replica that followed a newer primary holds its history), then WAL received.
+    let position =
+        |r: &InstanceReport| (r.timeline, r.received_lsn.as_deref().or(Some(&r.lsn)).and_then(parse_lsn).unwrap_or(0));
+    let most = answers.iter().map(|(_, r)| position(r)).max();
+    // Only a replica that runs can take over; one that answered and stopped since holds what it held.
+    let promotable = |name: &String| candidates.iter().any(|p| p.name_any() == *name);
+    // The most advanced; among equals, the preferred one, then the lowest name (a stable choice).
     let preferred = |name: &String| Some(name.as_str()) == prefer;
     let to = answers
         .iter()
+        .filter(|(name, r)| promotable(name) && (overridden || Some(position(r)) == most))
         .max_by(|(a_name, a), (b_name, b)| {
             position(a).cmp(&position(b)).then(preferred(a_name).cmp(&preferred(b_name))).then(b_name.cmp(a_name))
         })
-        .map(|(name, _)| name.clone())
-        .unwrap_or_default();
+        .map(|(name, _)| name.clone());
+    let Some(to) = to else {
+        // The most advanced answered but cannot take over now (it stopped): wait for it.
+        let waiting_for: Vec<String> =
+            answers.iter().filter(|(_, r)| Some(position(r)) == most).map(|(name, _)| name.clone()).collect();
+        if waited_enough {
+            return Decision::Blocked { lost: primary.to_string(), why, waiting_for, ask };
+        }
+        return Decision::AskPositions { lost: primary.to_string(), why, token: token.to_string(), ask };
+    };
     let positions = answers
         .iter()
         .map(|(name, r)| (name.clone(), r.received_lsn.clone().unwrap_or_else(|| r.lsn.clone())))
@@ -324,7 +387,12 @@ mod tests {
         // db-2 may hold the last acknowledged commit: past the wait, no promotion without it (quorum).
         assert_eq!(
             decide("db-0", &pods, &Situation { asked: Some("t1"), waited_enough: true, ..Default::default() }),
-            Decision::Blocked { lost: "db-0".into(), why: "its pod is gone".into(), waiting_for: vec!["db-2".into()] }
+            Decision::Blocked {
+                lost: "db-0".into(),
+                why: "its pod is gone".into(),
+                waiting_for: vec!["db-2".into()],
+                ask: vec!["db-1".into(), "db-2".into()]
+            }
         );
         // Forced by a person: db-2's old report said more, but only answers count, so db-1 is taken.
         let forced = Situation { asked: Some("t1"), waited_enough: true, forced: true, ..Default::default() };
@@ -407,10 +475,21 @@ mod tests {
             pod
         };
         let pods = [pods[0].clone(), ready(pods[1].clone()), pods[2].clone()];
-        assert_eq!(switchover_refusal("db-1", "db-0", &pods), None);
-        assert!(switchover_refusal("db-2", "db-0", &pods).is_some_and(|r| r.contains("not a healthy replica")));
-        assert!(switchover_refusal("db-0", "db-0", &pods).is_some_and(|r| r.contains("primary already")));
-        assert!(switchover_refusal("other-0", "db-0", &pods).is_some_and(|r| r.contains("not a pod of this database")));
+        let none: [String; 0] = [];
+        assert_eq!(switchover_refusal("db-1", "db-0", &pods, &none), None);
+        assert!(switchover_refusal("db-2", "db-0", &pods, &none).is_some_and(|r| r.contains("not a healthy replica")));
+        assert!(switchover_refusal("db-0", "db-0", &pods, &none).is_some_and(|r| r.contains("primary already")));
+        assert!(
+            switchover_refusal("other-0", "db-0", &pods, &none)
+                .is_some_and(|r| r.contains("not a pod of this database"))
+        );
+        // A named standby that does not stream would have to answer before any promotion: refused up front.
+        let standbys = ["db-1".to_string(), "db-2".to_string(), "db-3".to_string()];
+        assert!(
+            switchover_refusal("db-1", "db-0", &pods, &standbys).is_some_and(|r| r.starts_with("db-3 do not stream")),
+            "{:?}",
+            switchover_refusal("db-1", "db-0", &pods, &standbys)
+        );
     }
 
     #[test]
@@ -531,6 +610,60 @@ mod tests {
         assert!(
             matches!(decide("db-1", &pods, &replaced), Decision::AskPositions { ref why, .. } if why == "its pod was replaced")
         );
+    }
+
+    #[test]
+    fn every_named_standby_must_answer_even_one_that_is_down() {
+        let standbys = ["db-1".to_string(), "db-2".to_string()];
+        let mut down = pod("db-2", Role::Replica, "0/900", None);
+        down.status = None;
+        let answered = pod("db-1", Role::Replica, "0/500", Some("t1"));
+        let situation = Situation { standbys: &standbys, ..Default::default() };
+        // Asked, though not running: its manager answers once it runs.
+        assert!(matches!(
+            decide("db-0", &[answered.clone(), down.clone()], &situation),
+            Decision::AskPositions { ref ask, .. } if ask == &["db-1", "db-2"]
+        ));
+        let waited = Situation { asked: Some("t1"), waited_enough: true, ..situation };
+        assert!(matches!(
+            decide("db-0", &[answered.clone(), down.clone()], &waited),
+            Decision::Blocked { ref waiting_for, ref ask, .. } if waiting_for == &["db-2"] && ask == &["db-1", "db-2"]
+        ));
+        // Its pod gone: still waited for, not asked (its replacement will be).
+        assert!(matches!(
+            decide("db-0", std::slice::from_ref(&answered), &waited),
+            Decision::Blocked { ref waiting_for, ref ask, .. } if waiting_for == &["db-2"] && ask == &["db-1"]
+        ));
+        // Forced: the best of those that answered.
+        let forced = Situation { forced: true, ..waited };
+        assert!(matches!(decide("db-0", &[answered, down], &forced), Decision::Promote(ref p) if p.to == "db-1"));
+    }
+
+    #[test]
+    fn a_newer_timeline_wins_over_more_wal_and_the_most_advanced_must_run() {
+        let mut newer = pod("db-1", Role::Replica, "0/500", Some("t1"));
+        let mut report = instances::report(&newer).expect("report");
+        report.timeline = 2;
+        newer.metadata.annotations =
+            Some([(ANNOTATION.to_string(), serde_json::to_string(&report).expect("json"))].into());
+        let older = pod("db-2", Role::Replica, "0/900", Some("t1"));
+        let asked = Situation { asked: Some("t1"), ..Default::default() };
+        let pods = [newer.clone(), older.clone()];
+        assert!(matches!(decide("db-0", &pods, &asked), Decision::Promote(ref p) if p.to == "db-1"));
+        // The most advanced answered, then its PostgreSQL stopped: no promotion of a less advanced one.
+        let mut stopped = newer;
+        stop_postgres(&mut stopped);
+        if let Some(status) = stopped.status.as_mut() {
+            for container in status.container_statuses.iter_mut().flatten() {
+                container.restart_count = 1;
+            }
+        }
+        let standbys = ["db-1".to_string(), "db-2".to_string()];
+        let waited = Situation { waited_enough: true, standbys: &standbys, ..asked };
+        assert!(matches!(
+            decide("db-0", &[stopped, older], &waited),
+            Decision::Blocked { ref waiting_for, .. } if waiting_for == &["db-1"]
+        ));
     }
 
     #[test]

@@ -25,9 +25,11 @@ use super::rollout::{self, Step};
 use super::statefulset::StorageChange;
 use super::{backup, credentials, deletion, instances, names, pdb, scripts, services, statefulset, status, validation};
 use crate::Result;
-use crate::api::instance::{HOLD_STREAMING, LEASE, LEASE_EXPIRES_AFTER, POSITION_REQUEST, Role, SYNCHRONOUS_STANDBYS};
+use crate::api::instance::{
+    HOLD_STREAMING, LEASE, LEASE_EXPIRES_AFTER, POSITION_REQUEST, Role, SYNCHRONOUS_STANDBYS, UPSTREAM,
+};
 use crate::api::mydatabase::{
-    FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase, MyDatabaseStatus, ReplicationMode, SWITCHOVER_ANNOTATION,
+    FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase, MyDatabaseStatus, SWITCHOVER_ANNOTATION,
 };
 use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -330,6 +332,7 @@ impl MyDatabaseReconciler {
         let waited = pending.and_then(|p| p.held_at).is_some_and(|held| held.elapsed() >= POSITION_WAIT);
         let switchover = pending.and_then(|p| p.switchover.as_ref());
         let forced = db.annotations().contains_key(FORCE_FAILOVER_ANNOTATION);
+        let standbys = failover::synchronous_standbys(db, &recorded);
         let situation = failover::Situation {
             asked: pending.map(|p| p.token.as_str()),
             stepping_down: switchover.map(|s| s.why.as_str()),
@@ -339,6 +342,7 @@ impl MyDatabaseReconciler {
             chosen_uid: state.chosen.as_deref().filter(|c| *c == recorded).and(state.chosen_uid.as_deref()),
             lease_expired: lease_unrenewed.is_some_and(|unrenewed| unrenewed >= LEASE_EXPIRES_AFTER),
             now: Some(k8s_openapi::jiff::Timestamp::now()),
+            standbys: &standbys,
         };
         match failover::decide(&recorded, &observed.pods, &situation) {
             Decision::Keep(primary) => {
@@ -358,6 +362,15 @@ impl MyDatabaseReconciler {
                     }
                 });
                 label_pods(db, &observed.pods, &primary, applier).await;
+                if forced {
+                    // Nothing is blocked: an override left standing would apply to some later failover.
+                    forget_annotation(db, FORCE_FAILOVER_ANNOTATION, applier).await;
+                    let note =
+                        format!("{FORCE_FAILOVER_ANNOTATION} removed: no failover was blocked ({primary} serves)");
+                    self.ctx
+                        .event(&db.object_ref(&()), EventType::Normal, "ForceFailoverIgnored", "Failover", note)
+                        .await;
+                }
                 (primary, false)
             }
             Decision::AwaitStop { primary, why } => {
@@ -379,7 +392,10 @@ impl MyDatabaseReconciler {
                         pending.lost_at = Time(pending.lost_at.0 - unrenewed);
                     }
                     self.update_state(db, |state| state.pending = Some(pending));
+                } else if pending.is_some_and(|p| p.held_at.is_some()) {
+                    resend(&observed.pods, &ask, &token, true, applier).await;
                 } else if let Some(pending) = pending.filter(|p| p.held_at.is_none()) {
+                    resend(&observed.pods, &ask, &token, false, applier).await;
                     // Their streams ended (the old primary's end), or still run after the wait (it may
                     // still run): either way they hold now, so that their positions stay final.
                     let ended = ask.iter().all(|name| {
@@ -405,7 +421,11 @@ impl MyDatabaseReconciler {
                 }
                 (recorded, true)
             }
-            Decision::Blocked { lost, why, waiting_for } => {
+            Decision::Blocked { lost, why, waiting_for, ask } => {
+                // A standby that comes back (or its replacement) is asked and held at once.
+                if let Some(token) = pending.map(|p| p.token.clone()) {
+                    resend(&observed.pods, &ask, &token, true, applier).await;
+                }
                 let note = format!(
                     "primary {lost} lost ({why}); no replica promoted: {} may hold the last acknowledged commits and \
                      gave no final position. It is promoted once they answer; annotate the MyDatabase \
@@ -519,7 +539,8 @@ impl MyDatabaseReconciler {
         let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
         if let Some(target) = db.annotations().get(SWITCHOVER_ANNOTATION) {
             let why = format!("switchover to {target} requested");
-            match failover::switchover_refusal(target, primary, &observed.pods) {
+            let standbys = failover::synchronous_standbys(db, primary);
+            match failover::switchover_refusal(target, primary, &observed.pods, &standbys) {
                 None => return self.switch_over(db, observed, primary, target, why, true, applier).await,
                 Some(refusal) => {
                     let already = target == primary;
@@ -579,8 +600,13 @@ impl MyDatabaseReconciler {
             return false;
         }
         // Every replica the promotion will wait for, streaming or not (one not asked would cost the whole wait).
-        let replicas: Vec<String> =
+        let mut replicas: Vec<String> =
             failover::candidates(primary, &observed.pods).iter().map(|p| p.name_any()).collect();
+        for standby in failover::synchronous_standbys(db, primary) {
+            if !replicas.contains(&standby) && observed.pods.iter().any(|p| p.name_any() == standby) {
+                replicas.push(standby);
+            }
+        }
         let switchover = Switchover { to: target.to_string(), why, requested };
         let why = switchover.why.clone();
         let pending = ask_positions(primary, &why, &replicas, Some(switchover), applier).await;
@@ -647,6 +673,27 @@ async fn hold(replicas: &[String], token: &str, applier: &Applier<'_>) {
     }
 }
 
+/// Sends the position request (and the hold, once given) again to the pods
+/// in `ask` that do not carry it: a patch that failed, or a pod that appeared
+/// since (a standby's replacement). A pod without a role yet is made a
+/// replica, so that its PostgreSQL starts (held) and answers.
+async fn resend(pods: &[Pod], ask: &[String], token: &str, held: bool, applier: &Applier<'_>) {
+    for pod in pods.iter().filter(|p| ask.contains(&p.name_any())) {
+        let carries = |annotation: &str| pod.annotations().get(annotation).map(String::as_str) == Some(token);
+        if carries(POSITION_REQUEST) && (!held || carries(HOLD_STREAMING)) {
+            continue;
+        }
+        let mut patch = json!({"metadata": {"annotations": {POSITION_REQUEST: token}}});
+        if held {
+            patch["metadata"]["annotations"][HOLD_STREAMING] = json!(token);
+        }
+        if !pod.labels().contains_key(names::ROLE_LABEL) {
+            patch["metadata"]["labels"] = json!({names::ROLE_LABEL: services::REPLICA});
+        }
+        applier.merge_patch::<Pod>(&pod.name_any(), &patch, "ask-position").await;
+    }
+}
+
 /// Removes the switchover annotation: the request is done, or refused (an Event says why).
 async fn forget_switchover_request(db: &MyDatabase, applier: &Applier<'_>) {
     forget_annotation(db, SWITCHOVER_ANNOTATION, applier).await;
@@ -657,31 +704,27 @@ async fn forget_annotation(db: &MyDatabase, annotation: &str, applier: &Applier<
     applier.merge_patch::<MyDatabase>(&db.name_any(), &patch, "annotation-done").await;
 }
 
-/// `synchronous_standby_names` for `pod` when it is the primary: ANY 1 of the
-/// other instances, by name, when there are two or more and the spec asks for
-/// synchronous replication. Named, not `*`: a pg_basebackup or backup stream
-/// must never count as the standby that confirmed a commit.
-pub fn synchronous_standbys(db: &MyDatabase, pod: &str) -> String {
-    if db.spec.replication != ReplicationMode::Synchronous || db.spec.replicas < 3 {
+/// `synchronous_standby_names` for `pod` when it is the primary: ANY 1 of
+/// `failover::synchronous_standbys`. Named, not `*`: a pg_basebackup or
+/// backup stream must never count as the standby that confirmed a commit.
+pub fn synchronous_standby_names(db: &MyDatabase, pod: &str) -> String {
+    let standbys = failover::synchronous_standbys(db, pod);
+    if standbys.is_empty() {
         return String::new();
     }
-    let statefulset = names::statefulset(db);
-    let others: Vec<String> = (0..db.spec.replicas)
-        .map(|ordinal| format!("{statefulset}-{ordinal}"))
-        .filter(|name| name != pod)
-        .map(|name| format!("\"{name}\""))
-        .collect();
-    format!("ANY 1 ({})", others.join(", "))
+    let quoted: Vec<String> = standbys.iter().map(|name| format!("\"{name}\"")).collect();
+    format!("ANY 1 ({})", quoted.join(", "))
 }
 
 /// Puts each pod's role label (which `-rw` and `-ro` select, and which its
-/// instance manager hands to PostgreSQL) and synchronous standbys in place,
-/// and lifts a failover's hold. A pod that loses the primary role is
+/// instance manager hands to PostgreSQL), synchronous standbys and upstream
+/// (the primary's pod address) in place, and lifts a failover's hold in the
+/// same write as the new upstream. A pod that loses the primary role is
 /// relabelled first: it leaves `-rw` before another pod is announced there.
 async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Applier<'_>) {
     let wanted = |pod: &Pod| if pod.name_any() == primary { services::PRIMARY } else { services::REPLICA };
-    // The pod losing the role first, then the new primary, then the others: a
-    // replica lets go of its hold only once `-rw` names the new primary.
+    let upstream = pods.iter().find(|p| p.name_any() == primary).and_then(|p| p.status.as_ref()?.pod_ip.clone());
+    // The pod losing the role first, then the new primary, then the others.
     let stepping_down = |pod: &Pod| pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(services::PRIMARY);
     let mut ordered: Vec<&Pod> = pods.iter().collect();
     ordered.sort_by_key(|pod| match wanted(pod) {
@@ -692,24 +735,51 @@ async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Appl
     for pod in ordered {
         let role = wanted(pod);
         // Nothing further until the pod losing the role has lost it and the new primary has it:
-        // else `-rw` could select two pods, and held replicas stream again from the old one.
+        // else `-rw` could select two pods.
         let must_land = role == services::PRIMARY || stepping_down(pod);
-        let synchronous = synchronous_standbys(db, &pod.name_any());
-        if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role)
-            && pod.annotations().get(SYNCHRONOUS_STANDBYS) == Some(&synchronous)
-            && !pod.annotations().contains_key(HOLD_STREAMING)
-        {
-            continue;
-        }
-        let patch = json!({"metadata": {
-            "labels": {names::ROLE_LABEL: role},
-            "annotations": {SYNCHRONOUS_STANDBYS: synchronous, HOLD_STREAMING: null}}});
+        let Some(patch) = role_patch(db, pod, role, upstream.as_deref()) else { continue };
         if applier.merge_patch::<Pod>(&pod.name_any(), &patch, "label").await {
             tracing::info!(namespace = ?pod.namespace(), pod = %pod.name_any(), role, "labelled pod role");
         } else if must_land {
             return;
         }
     }
+}
+
+/// What `pod` needs to take `role` under the primary at `upstream`, if
+/// anything. A replica's hold is lifted only with an upstream to stream
+/// from: the new primary's address, never the old one's.
+fn role_patch(db: &MyDatabase, pod: &Pod, role: &str, upstream: Option<&str>) -> Option<serde_json::Value> {
+    let synchronous = synchronous_standby_names(db, &pod.name_any());
+    let annotations = pod.annotations();
+    let (wanted_upstream, lift_hold) = match role {
+        services::PRIMARY => (None, true),
+        _ => (upstream, upstream.is_some()),
+    };
+    let upstream_ok = match (role, wanted_upstream) {
+        (services::PRIMARY, _) => !annotations.contains_key(UPSTREAM),
+        (_, Some(wanted)) => annotations.get(UPSTREAM).map(String::as_str) == Some(wanted),
+        (_, None) => true,
+    };
+    if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role)
+        && annotations.get(SYNCHRONOUS_STANDBYS) == Some(&synchronous)
+        && (!lift_hold || !annotations.contains_key(HOLD_STREAMING))
+        && upstream_ok
+    {
+        return None;
+    }
+    let mut patch = json!({"metadata": {
+        "labels": {names::ROLE_LABEL: role},
+        "annotations": {SYNCHRONOUS_STANDBYS: synchronous}}});
+    if lift_hold {
+        patch["metadata"]["annotations"][HOLD_STREAMING] = serde_json::Value::Null;
+    }
+    match (role, wanted_upstream) {
+        (services::PRIMARY, _) => patch["metadata"]["annotations"][UPSTREAM] = serde_json::Value::Null,
+        (_, Some(wanted)) => patch["metadata"]["annotations"][UPSTREAM] = json!(wanted),
+        (_, None) => {}
+    }
+    Some(patch)
 }
 
 #[cfg(test)]
@@ -721,7 +791,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::api::mydatabase::DeletionPolicy;
+    use crate::api::mydatabase::{DeletionPolicy, ReplicationMode};
     use crate::mydatabase::credentials::Passwords;
     use crate::mydatabase::tests::sample;
     use crate::runtime::drift::stamp_desired_hash;
@@ -828,14 +898,48 @@ mod tests {
     }
 
     #[test]
+    fn a_hold_is_lifted_only_with_the_new_primarys_address_to_stream_from() {
+        let db = sample();
+        let mut held = Pod::default();
+        held.metadata.name = Some("production-db-1".into());
+        held.metadata.labels = Some([(names::ROLE_LABEL.to_string(), services::REPLICA.to_string())].into());
+        held.metadata.annotations = Some(
+            [
+                (HOLD_STREAMING.to_string(), "t1".to_string()),
+                (UPSTREAM.to_string(), "10.0.0.1".to_string()),
+                (SYNCHRONOUS_STANDBYS.to_string(), synchronous_standby_names(&db, "production-db-1")),
+            ]
+            .into(),
+        );
+        // The new primary has no address yet: the hold stays, the old address too.
+        assert_eq!(role_patch(&db, &held, services::REPLICA, None), None);
+        let patch = role_patch(&db, &held, services::REPLICA, Some("10.0.0.2")).expect("a patch");
+        let annotations = &patch["metadata"]["annotations"];
+        assert_eq!(
+            (annotations[HOLD_STREAMING].clone(), annotations[UPSTREAM].clone()),
+            (Value::Null, json!("10.0.0.2"))
+        );
+        assert!(annotations.as_object().is_some_and(|a| a.contains_key(HOLD_STREAMING)), "the hold is removed");
+        // Chosen as the primary: no upstream, no hold.
+        let patch = role_patch(&db, &held, services::PRIMARY, Some("10.0.0.2")).expect("a patch");
+        assert_eq!(patch["metadata"]["labels"][names::ROLE_LABEL], json!("primary"));
+        assert_eq!(patch["metadata"]["annotations"][UPSTREAM], Value::Null);
+    }
+
+    #[test]
     fn synchronous_standbys_are_the_other_instances_by_name() {
         let mut db = sample();
-        assert_eq!(synchronous_standbys(&db, "production-db-1"), r#"ANY 1 ("production-db-0", "production-db-2")"#);
+        assert_eq!(
+            synchronous_standby_names(&db, "production-db-1"),
+            r#"ANY 1 ("production-db-0", "production-db-2")"#
+        );
         db.spec.replication = ReplicationMode::Asynchronous;
-        assert_eq!(synchronous_standbys(&db, "production-db-1"), "");
+        assert_eq!(synchronous_standby_names(&db, "production-db-1"), "");
         db.spec.replication = ReplicationMode::Synchronous;
         db.spec.replicas = 2;
-        assert_eq!(synchronous_standbys(&db, "production-db-0"), "", "two instances: asynchronous");
+        assert_eq!(synchronous_standby_names(&db, "production-db-0"), r#"ANY 1 ("production-db-1")"#, "two: required");
+        db.spec.replicas = 1;
+        assert_eq!(synchronous_standby_names(&db, "production-db-0"), "", "one instance: nothing to wait for");
     }
 
     #[tokio::test]

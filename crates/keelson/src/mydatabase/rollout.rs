@@ -61,7 +61,7 @@ pub fn next_step(statefulset: &StatefulSet, pods: &[Pod], primary: &str) -> Step
         .iter()
         .filter(|p| revision(p) == Some(target))
         .map(|p| p.name_any())
-        .find(|name| failover::switchover_refusal(name, primary, pods).is_none());
+        .find(|name| failover::switchover_refusal(name, primary, pods, &[]).is_none());
     // Unmanaged, a switchover cannot be coordinated: the primary is restarted as a StatefulSet would.
     match successor {
         Some(to) => Step::SwitchoverTo(to),

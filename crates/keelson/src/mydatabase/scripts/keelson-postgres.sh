@@ -31,7 +31,8 @@
 # binaries, default: from PATH), POD_NAME (for `start`), PGHOST (the local
 # socket folder for `ready`, default /var/run/postgresql), ORDERS_DIR (the
 # files the instance manager writes from the pod: `role`, `synchronous-standbys`,
-# `hold`: a failover's token while this replica must not stream; `fence`: why
+# `hold`: a failover's token while this replica must not stream; `upstream`: the
+# primary's pod address, which a replica streams from (else $PRIMARY_HOST); `fence`: why
 # this server must not run, while the primary lease cannot be renewed; `ack`:
 # this container's start, once the manager read the pod anew).
 set -euo pipefail
@@ -47,6 +48,15 @@ bin() { if [[ -n "${PGBIN:-}" ]]; then echo "$PGBIN/$1"; else echo "$1"; fi; }
 # answer (a cut-off former primary that a Service still named for a moment)
 # within seconds, not after the kernel's minutes of retries.
 UPSTREAM_TIMEOUTS="connect_timeout=2 keepalives_idle=5 keepalives_interval=2 keepalives_count=2"
+# Where a replica streams from: the primary's pod, as the operator names it
+# ($ORDERS_DIR/upstream), not the -rw Service, which every node's kube-proxy
+# moves in its own time (a cut-off former primary could confirm commits
+# through it for a moment after a failover).
+upstream_host() {
+  local upstream=""
+  [[ -z "${ORDERS_DIR:-}" ]] || upstream="$(cat "$ORDERS_DIR/upstream" 2>/dev/null)" || upstream=""
+  printf '%s' "${upstream:-$PRIMARY_HOST}"
+}
 log() { printf '%s keelson-postgres: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >&2; }
 need() { [[ -n "${!1:-}" ]] || { log "$1 is not set"; exit 2; }; }
 
@@ -166,17 +176,18 @@ restore_new() {
 init_replica() {
   need PGDATA; need PRIMARY_HOST; need REPLICATION_PASSWORD
   if [[ -s "$PGDATA/PG_VERSION" ]]; then log "data folder already initialised"; return; fi
-  log "waiting for the primary $PRIMARY_HOST:$PRIMARY_PORT"
-  until "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; do sleep 1; done
+  local upstream; upstream="$(upstream_host)"
+  log "waiting for the primary $upstream:$PRIMARY_PORT"
+  until upstream="$(upstream_host)" && "$(bin pg_isready)" -q -h "$upstream" -p "$PRIMARY_PORT"; do sleep 1; done
   # Credentials being rotated may not agree for a moment: wait, rather than fail half-cloned.
-  wait_for_replication_login "host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $UPSTREAM_TIMEOUTS"
+  wait_for_replication_login "host=$upstream port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $UPSTREAM_TIMEOUTS"
   log "cloning the primary with pg_basebackup"
   mkdir -p "$PGDATA"; chmod 700 "$PGDATA"
   # -R writes these options into primary_conninfo too (no application_name:
   # the clone's stream must not count as a synchronous standby).
-  PGPASSWORD="$(replication_password)" "$(bin pg_basebackup)" -d "$UPSTREAM_TIMEOUTS" -h "$PRIMARY_HOST" -p "$PRIMARY_PORT" \
+  PGPASSWORD="$(replication_password)" "$(bin pg_basebackup)" -d "$UPSTREAM_TIMEOUTS" -h "$upstream" -p "$PRIMARY_PORT" \
     -U "$REPLICATION_USER" -D "$PGDATA" -X stream -R --checkpoint=fast
-  log "replica initialised; it streams from $PRIMARY_HOST"
+  log "replica initialised; it streams from $upstream"
 }
 
 # A former primary (its data is not a standby's) made a replica of
@@ -185,38 +196,38 @@ init_replica() {
 rejoin() {
   need PGDATA; need PRIMARY_HOST; need REPLICATION_PASSWORD
   # 1: this replica stopped because it could not stream (see follow_orders_loop).
-  local stalled="${1:-0}" marker; marker="$(rejoin_marker)"
+  local stalled="${1:-0}" marker upstream; marker="$(rejoin_marker)" upstream="$(upstream_host)"
   if [[ -f "$marker" ]]; then
     # The last rejoin never reached streaming: its data is not to be trusted.
-    log "the previous rejoin did not stream; cloning $PRIMARY_HOST afresh"
+    log "the previous rejoin did not stream; cloning $upstream afresh"
     rm -rf "$PGDATA" "$marker"
     init_replica
     return
   fi
-  log "rejoining as a replica of $PRIMARY_HOST"
-  until "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; do sleep 0.5; done
-  local source="host=$PRIMARY_HOST port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $UPSTREAM_TIMEOUTS" output
+  log "rejoining as a replica of $upstream"
+  until upstream="$(upstream_host)" && "$(bin pg_isready)" -q -h "$upstream" -p "$PRIMARY_PORT"; do sleep 0.5; done
+  local source="host=$upstream port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $UPSTREAM_TIMEOUTS" output
   # A login that fails (a password being rotated) must not pass for a rewind that cannot be done:
   # that would throw this data away and clone.
   wait_for_replication_login "$source"
   PGPASSWORD="$(replication_password)" "$(bin psql)" -X -q -d "$source" -c CHECKPOINT 2>/dev/null \
-    || log "could not ask $PRIMARY_HOST for a checkpoint"
+    || log "could not ask $upstream for a checkpoint"
   if output="$(PGPASSWORD="$(replication_password)" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
       --write-recovery-conf 2>&1)"; then
     sed 's/^/pg_rewind: /' <<<"$output" >&2
     if [[ "$stalled" == 1 && "$output" == *"no rewind required"* ]]; then
       # Not diverged, yet it could not stream: the primary no longer has the WAL it needs.
-      log "nothing to rewind, yet it could not stream: $PRIMARY_HOST no longer has the WAL it needs; cloning afresh"
+      log "nothing to rewind, yet it could not stream: $upstream no longer has the WAL it needs; cloning afresh"
       rm -rf "$PGDATA"
       init_replica
       return
     fi
     # Also when no rewind was needed (same timeline): this data follows the primary now.
     touch "$PGDATA/standby.signal" "$marker"
-    log "rewound; it streams from $PRIMARY_HOST"
+    log "rewound; it streams from $upstream"
   else
     sed 's/^/pg_rewind: /' <<<"$output" >&2
-    log "pg_rewind failed; cloning $PRIMARY_HOST afresh"
+    log "pg_rewind failed; cloning $upstream afresh"
     rm -rf "$PGDATA"
     init_replica
   fi
@@ -276,6 +287,21 @@ prepare_for_role() {
     sleep 0.2
   done
   log "role: $role"
+  if [[ "$role" == replica && -s "$ORDERS_DIR/hold" ]]; then
+    # Held for a failover: no clone, rewind or streaming while the old primary
+    # may still run. A replica's data starts without an upstream, to give its
+    # final position; anything else waits until the hold is lifted.
+    if [[ -s "$PGDATA/PG_VERSION" && -f "$PGDATA/standby.signal" && ! -f "$(rewind_flag)" ]]; then
+      [[ ! -f "$PGDATA/postgresql.auto.conf" ]] || sed -i '/^primary_conninfo/d' "$PGDATA/postgresql.auto.conf"
+    else
+      until [[ ! -s "$ORDERS_DIR/hold" ]]; do
+        (( waited++ % 50 == 0 )) && log "held for a failover, with no replica data to offer: waiting for the hold to be lifted"
+        sleep 0.2
+      done
+      role="$(cat "$ORDERS_DIR/role")"
+      log "hold lifted; role: $role"
+    fi
+  fi
   if [[ "$role" == primary ]]; then
     # A replica chosen while it was down starts as a replica and is promoted
     # (follow_orders: pg_promote, a new timeline); data that was a replica's
@@ -342,7 +368,7 @@ start() {
 # ever selects the chosen primary: a former primary whose processes outlive
 # its pod (a forced deletion) can never be streamed from again.
 follow_orders() {
-  local socket="${PGHOST:-/var/run/postgresql}" role wanted state in_recovery streaming current upstream hold
+  local socket="${PGHOST:-/var/run/postgresql}" role wanted state in_recovery streaming current upstream hold host
   # A hung server must not hang the orders: give up on a connection after a few seconds.
   local sql=(env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
   role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" || return 0
@@ -357,8 +383,9 @@ follow_orders() {
   state="$("${sql[@]}" -F '|' -c "SELECT pg_is_in_recovery(),
       EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
       current_setting('synchronous_standby_names'),
-      current_setting('primary_conninfo') <> ''" 2>/dev/null)" || return 0
-  IFS='|' read -r in_recovery streaming current upstream <<<"$state"
+      current_setting('primary_conninfo') <> '',
+      coalesce(substring(current_setting('primary_conninfo') from 'host=''?([^'' ]+)'), '')" 2>/dev/null)" || return 0
+  IFS='|' read -r in_recovery streaming current upstream host <<<"$state"
   rm -f "$(starting_marker)"
   STREAMING="$streaming" IN_RECOVERY="$in_recovery" HOLDING=""
   if [[ "$in_recovery" == t && -n "$hold" ]]; then
@@ -373,7 +400,10 @@ SQL
     fi
   elif [[ "$in_recovery" == t && "$role" == replica && "$upstream" == f ]]; then
     log "hold lifted: streaming again"
-    follow "$PRIMARY_HOST" || true
+    follow "$(upstream_host)" || true
+  elif [[ "$in_recovery" == t && "$role" == replica && "$host" != "$(upstream_host)" ]]; then
+    # A new primary, or its pod's new address.
+    follow "$(upstream_host)" || true
   fi
   if [[ "$role" == primary && "$in_recovery" == t ]]; then
     log "chosen as the primary: promoting"
@@ -427,7 +457,7 @@ SQL
 follow_orders_loop() {
   local stalled_since="" kicked="" seen="" orders looked=-1
   while sleep "${ORDERS_POLL:-0.2}"; do
-    orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" "$ORDERS_DIR/hold" "$ORDERS_DIR/fence" 2>/dev/null || true)"
+    orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" "$ORDERS_DIR/hold" "$ORDERS_DIR/upstream" "$ORDERS_DIR/fence" 2>/dev/null || true)"
     [[ "$orders" != "$seen" || $SECONDS -ne $looked ]] || continue
     seen="$orders" looked=$SECONDS STREAMING="" IN_RECOVERY=""
     follow_orders || true
@@ -441,17 +471,17 @@ follow_orders_loop() {
     # answers (a former primary's, cut off, that -rw still named for a moment):
     # after a few seconds without streaming, start it again.
     if [[ -z "$kicked" ]] && (( SECONDS - stalled_since >= ${KICK_SECONDS:-4} )) \
-        && "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; then
+        && "$(bin pg_isready)" -q -h "$(upstream_host)" -p "$PRIMARY_PORT"; then
       kicked=1
-      log "not streaming for $((SECONDS - stalled_since))s while $PRIMARY_HOST answers: reconnecting"
+      log "not streaming for $((SECONDS - stalled_since))s while $(upstream_host) answers: reconnecting"
       env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
         -d postgres -c "ALTER SYSTEM SET primary_conninfo = ''" -c 'SELECT pg_reload_conf()' >/dev/null || true
       sleep 0.5
-      follow "$PRIMARY_HOST" || true
+      follow "$(upstream_host)" || true
     fi
     if (( SECONDS - stalled_since >= ${STALL_SECONDS:-20} )) \
-        && "$(bin pg_isready)" -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; then
-      log "not streaming for $((SECONDS - stalled_since))s while $PRIMARY_HOST answers: stopping to rewind"
+        && "$(bin pg_isready)" -q -h "$(upstream_host)" -p "$PRIMARY_PORT"; then
+      log "not streaming for $((SECONDS - stalled_since))s while $(upstream_host) answers: stopping to rewind"
       touch "$(rewind_flag)"
       restart_server
       stalled_since=""
@@ -496,7 +526,7 @@ SQL
     conninfo="$("${sql[@]}" -c "SELECT current_setting('primary_conninfo')")" || return 1
     [[ " $conninfo " == *" password=$password "* || " $conninfo " == *" password='$password' "* ]] && return 0
     host="$("${sql[@]}" -c "SELECT substring(current_setting('primary_conninfo') from 'host=''?([^'' ]+)')")" || return 1
-    follow "${host:-$PRIMARY_HOST}" || return 1
+    follow "${host:-$(upstream_host)}" || return 1
   fi
   if [[ "$in_recovery" == f ]]; then log "credentials applied to the roles"; else log "credentials applied to streaming"; fi
 }
