@@ -17,10 +17,15 @@
 
 mod common;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use common::clients::{
+    CLIENT_NODE, SESSION_WRITER, WRITER, acknowledged, acknowledging_servers, client, ended, now_ms, sampler, sql_in,
+};
+
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use common::TestOperator;
+use common::faults::{postmaster_pid, signal};
 use k8s_openapi::api::core::v1::Pod;
 use keelson::api::MyDatabase;
 use keelson::api::mydatabase::DatabasePhase;
@@ -29,7 +34,6 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::control_plane::ControlPlane;
-use testkit::pods::shell_pod;
 use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl};
 
 const DB: &str = "ha-db";
@@ -46,9 +50,6 @@ const HUNG_DOWNTIME_LIMIT: Duration = Duration::from_secs(20);
 /// A node cut off or powered off: its primary's lease expires after 8 s (it
 /// fenced itself before), then the replicas hold and one is promoted.
 const NODE_LOSS_DOWNTIME_LIMIT: Duration = Duration::from_secs(20);
-/// The node the clients run on: node faults never hit it (a primary there is
-/// switched over first).
-const CLIENT_NODE: &str = "keelson-node-1";
 
 /// What the test does to the database, one after the other.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -98,26 +99,6 @@ impl Disruption {
     }
 }
 
-/// The host pid of the postmaster in `pod` (on the real node a container's
-/// processes are this machine's): its cgroup names the pod, its command line
-/// carries `cluster_name` (keelson-postgres.sh starts it so).
-fn postmaster_pid(pod: &Pod) -> anyhow::Result<u32> {
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let in_pod = |pid: &str| {
-        std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&format!("pod{uid}")))
-    };
-    for entry in std::fs::read_dir("/proc")?.flatten() {
-        let pid = entry.file_name().to_string_lossy().to_string();
-        let Ok(number) = pid.parse::<u32>() else { continue };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let postmaster = cmdline.split(|b| *b == 0).any(|arg| arg.starts_with(b"cluster_name="));
-        if postmaster && in_pod(&pid) {
-            return Ok(number);
-        }
-    }
-    anyhow::bail!("no postmaster of pod {uid} among this machine's processes")
-}
-
 /// A node partitioned, powered off or cordoned (a drain), undone when the
 /// test is done with it, or when it fails (the next tests need the node).
 struct NodeFault<'a> {
@@ -157,128 +138,6 @@ impl Drop for NodeFault<'_> {
             let _ = self.undo();
         }
     }
-}
-
-fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
-    let status = std::process::Command::new("kill").args([signal, &pid.to_string()]).status()?;
-    anyhow::ensure!(status.success(), "kill {signal} {pid}: {status}");
-    Ok(())
-}
-
-fn sql_in(ns: &TestNamespace, pod: &str, sql: &str) -> anyhow::Result<String> {
-    Ok(kubectl(&["-n", &ns.name, "exec", pod, "-c", "postgres", "--", "psql", "-X", "-At", "-d", "app", "-c", sql])?
-        .trim()
-        .to_string())
-}
-
-/// A pod with the database's connection URI in `$URI` running `script` until
-/// `/tmp/stop` exists.
-fn client(name: &str, script: &str) -> serde_json::Value {
-    let mut pod = shell_pod(name, "postgres:15.2", script);
-    pod["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": CLIENT_NODE});
-    pod["spec"]["containers"][0]["env"] = json!([
-        {"name": "URI", "valueFrom": {"secretKeyRef": {"name": format!("{DB}-credentials"), "key": "uri"}}},
-        {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": format!("{DB}-credentials"), "key": "password"}}},
-        {"name": "PGCONNECT_TIMEOUT", "value": "2"},
-        {"name": "PGOPTIONS", "value": "-c statement_timeout=3000"}]);
-    pod
-}
-
-/// One INSERT per connection through `-rw`, each acknowledged id logged with the time, each
-/// refusal with psql's reason. The Service's name is looked up once: what is measured is Keelson
-/// moving `-rw`, not the cluster's DNS (under the whole suite's load, one pause of two 5 s
-/// resolver timeouts was seen).
-const WRITER: &str = r#"host="${URI#*@}"; host="${host%%:*}"
-until ip="$(getent hosts "$host" | awk '{print $1; exit}')" && [ -n "$ip" ]; do sleep 0.2; done
-URI="$(echo "$URI" | sed "s/@$host:/@$ip:/")"
-i=0
-until [ -f /tmp/stop ]; do
-  i=$((i+1))
-  # A connection to a server that was cut off hangs without an answer: give up on it.
-  if timeout 10 psql "$URI" -X -q -v ON_ERROR_STOP=1 -c "INSERT INTO acked VALUES ($i)" 2>/tmp/error; then
-    echo "ok $i $(date +%s%3N)"
-  else
-    echo "failed $i $(date +%s%3N) $(head -c 160 /tmp/error | tr '\n' ' ')"
-    sleep 0.05
-  fi
-done
-echo done"#;
-
-/// One session held open through `-rw`, as a pool holds it: an INSERT every 20 ms, each
-/// acknowledged id logged with the time and the address of the server that acknowledged it.
-/// A broken session is opened again. No statement timeout: a cancelled wait for the synchronous
-/// standby would come back as a commit the standbys may not have.
-const SESSION_WRITER: &str = r#"host="${URI#*@}"; host="${host%%:*}"
-until ip="$(getent hosts "$host" | awk '{print $1; exit}')" && [ -n "$ip" ]; do sleep 0.2; done
-URI="$(echo "$URI" | sed "s/@$host:/@$ip:/")"
-export PGOPTIONS=""
-i=0
-until [ -f /tmp/stop ]; do
-  coproc SESSION { psql "$URI" -X -At -q -v ON_ERROR_STOP=1 2>/tmp/error; }
-  while [ ! -f /tmp/stop ]; do
-    i=$((i+1))
-    echo "INSERT INTO acked_session VALUES ($i) RETURNING inet_server_addr();" >&"${SESSION[1]}" 2>/dev/null || break
-    if read -t 5 -r server <&"${SESSION[0]}" && [ -n "$server" ]; then
-      echo "ok $i $(date +%s%3N) $server"
-    else
-      echo "failed $i $(date +%s%3N) session ended: $(head -c 160 /tmp/error | tr '\n' ' ')"
-      break
-    fi
-    sleep 0.02
-  done
-  kill "$SESSION_PID" 2>/dev/null; wait "$SESSION_PID" 2>/dev/null
-  sleep 0.05
-done
-echo done"#;
-
-/// Every instance, by its pod's address, in turn (a round takes well under a second): does it take writes?
-fn sampler() -> String {
-    format!(
-        r#"until [ -f /tmp/stop ]; do
-  line="$(date +%s%3N)"
-  for n in 0 1 2; do
-    r="$(PGPASSWORD="$PASSWORD" psql -h {DB}-$n.{DB}-headless -U app -d app -X -At -c 'SELECT NOT pg_is_in_recovery()' 2>/dev/null || echo x)"
-    line="$line $r"
-  done
-  echo "$line"
-done
-echo done"#
-    )
-}
-
-/// The logs of a client pod once it has stopped (it must have succeeded).
-async fn ended(ns: &TestNamespace, name: &str) -> anyhow::Result<String> {
-    let pods = ns.api::<Pod>();
-    let pod = testkit::wait_for(&pods, name, "the client to stop", DEFAULT_TIMEOUT, |p| {
-        matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
-    })
-    .await?;
-    let logs = pods.logs(name, &LogParams::default()).await?;
-    anyhow::ensure!(pod.status.and_then(|s| s.phase).as_deref() == Some("Succeeded"), "{name} failed: {logs}");
-    Ok(logs)
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or_default()
-}
-
-fn acknowledged(logs: &str) -> Vec<(u64, u128)> {
-    logs.lines()
-        .filter_map(|line| {
-            let mut words = line.strip_prefix("ok ")?.split(' ');
-            Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
-        })
-        .collect()
-}
-
-/// When each acknowledgement of the session writer came, and from which server.
-fn acknowledging_servers(logs: &str) -> Vec<(u128, String)> {
-    logs.lines()
-        .filter_map(|line| {
-            let mut words = line.strip_prefix("ok ")?.split(' ').skip(1);
-            Some((words.next()?.parse().ok()?, words.next()?.to_string()))
-        })
-        .collect()
 }
 
 /// The longest pause between two acknowledgements (ms since the epoch) that ends after `from` and
@@ -417,7 +276,9 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
     )?;
 
     let pods = ns.api::<Pod>();
-    for pod in [client("writer", WRITER), client("session", SESSION_WRITER), client("sampler", &sampler())] {
+    for pod in
+        [client(DB, "writer", WRITER), client(DB, "session", SESSION_WRITER), client(DB, "sampler", &sampler(DB, 3))]
+    {
         pods.create(&PostParams::default(), &serde_json::from_value(pod)?).await?;
     }
     let disrupt = async {
@@ -717,6 +578,12 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         "SELECT string_agg(application_name, ',' ORDER BY application_name) FROM pg_stat_replication WHERE state = 'streaming'",
     )?;
     assert_eq!(streaming.split(',').count(), 2, "{streaming}");
+    // ... from the primary's pod itself, not through `-rw`, whose kube-proxy rules lag a failover.
+    let primary_ip = pods.get(&primary).await?.status.and_then(|s| s.pod_ip).unwrap_or_default();
+    for replica in streaming.split(',') {
+        let sender = sql_in(&ns, replica, "SELECT sender_host FROM pg_stat_wal_receiver")?;
+        assert_eq!(sender, primary_ip, "{replica} streams from {sender}, not from the primary {primary}'s pod");
+    }
     let upgraded = downs.iter().any(|(d, ..)| *d == Disruption::Upgrade);
     for reason in ["Failover", "Switchover", "RollingUpdate"].into_iter().filter(|r| upgraded || *r != "RollingUpdate")
     {

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod clients;
+pub mod faults;
+
 use std::sync::Arc;
 use std::time::Duration;
 

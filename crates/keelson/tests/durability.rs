@@ -1,0 +1,192 @@
+//! Durability on real PostgreSQL pods, with a long-lived session writing
+//! through `-rw` and recording every commit it saw acknowledged:
+//! - two instances are synchronous (the replica confirms each commit), so a
+//!   failover loses nothing;
+//! - with three, a failover waits for every named synchronous standby: one
+//!   that does not answer (its postmaster frozen) blocks the promotion, with
+//!   a condition and an Event, until it answers again.
+//!
+//! Proven with SQL: nothing acknowledged is lost, no old primary acknowledged
+//! after the new one, the old primary is back as a streaming replica.
+
+mod common;
+
+use anyhow::Context as _;
+use common::TestOperator;
+use common::clients::{
+    CLIENT_NODE, SESSION_WRITER, acknowledged, acknowledging_servers, client, ended, now_ms, sql_in,
+};
+use common::faults::{postmaster_pid, signal};
+use k8s_openapi::api::core::v1::Pod;
+use keelson::api::MyDatabase;
+use keelson::api::mydatabase::DatabasePhase;
+use kube::api::{Api, DeleteParams, LogParams, PostParams};
+use serde_json::json;
+use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl};
+
+async fn primary_of(dbs: &Api<MyDatabase>, db: &str) -> Option<String> {
+    dbs.get(db).await.ok()?.status?.current_primary
+}
+
+/// Running with every instance ready, and the primary's replicas all streaming as synchronous candidates.
+async fn settled(ns: &TestNamespace, db: &str, instances: i32) -> anyhow::Result<String> {
+    let dbs = ns.api::<MyDatabase>();
+    testkit::wait_for(&dbs, db, "every instance ready", DEFAULT_TIMEOUT, |d| {
+        d.status.as_ref().is_some_and(|s| s.phase == Some(DatabasePhase::Running) && s.ready_replicas == instances)
+    })
+    .await?;
+    let streaming = (instances - 1).to_string();
+    eventually(DEFAULT_TIMEOUT, "every replica streaming synchronously", || async {
+        let Some(primary) = primary_of(&dbs, db).await else { return false };
+        sql_in(
+            ns,
+            &primary,
+            "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND sync_state = 'quorum'",
+        )
+        .is_ok_and(|n| n == streaming)
+    })
+    .await?;
+    primary_of(&dbs, db).await.context("no primary in status")
+}
+
+async fn create(ns: &TestNamespace, db: &str, instances: i32) -> anyhow::Result<String> {
+    let object: MyDatabase = serde_json::from_value(json!({
+        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": db},
+        "spec": {"replicas": instances, "version": "15.2", "storage": "1Gi"}
+    }))?;
+    ns.api::<MyDatabase>().create(&PostParams::default(), &object).await?;
+    let primary = settled(ns, db, instances).await?;
+    sql_in(ns, &primary, "CREATE TABLE acked_session (id int PRIMARY KEY); GRANT ALL ON acked_session TO app")?;
+    let session: Pod = serde_json::from_value(client(db, "session", SESSION_WRITER))?;
+    ns.api::<Pod>().create(&PostParams::default(), &session).await?;
+    Ok(primary)
+}
+
+/// Waits for the session to commit more after `since`.
+async fn writes_flow(ns: &TestNamespace, since: u128) -> anyhow::Result<()> {
+    let pods = ns.api::<Pod>();
+    eventually(DEFAULT_TIMEOUT, "the session to commit", || async {
+        let logs = pods.logs("session", &LogParams::default()).await.unwrap_or_default();
+        acknowledged(&logs).iter().filter(|(_, at)| *at > since).count() >= 20
+    })
+    .await
+}
+
+/// Stops the session, then checks the property: every commit it saw acknowledged is on `primary`,
+/// and no acknowledgement came from `old_ip` after one came from another server.
+async fn nothing_lost(ns: &TestNamespace, primary: &str, old_ip: &str, since: u128) -> anyhow::Result<()> {
+    eventually(DEFAULT_TIMEOUT, "the session to be told to stop", || async {
+        kubectl(&["-n", &ns.name, "exec", "session", "--", "touch", "/tmp/stop"]).is_ok()
+    })
+    .await?;
+    let logs = ended(ns, "session").await?;
+    let acked = acknowledged(&logs);
+    assert!(acked.len() >= 40, "too few writes to prove anything: {}", acked.len());
+    let stored: std::collections::BTreeSet<u64> =
+        sql_in(ns, primary, "SELECT id FROM acked_session")?.lines().filter_map(|l| l.parse().ok()).collect();
+    let lost: Vec<u64> = acked.iter().map(|(id, _)| *id).filter(|id| !stored.contains(id)).collect();
+    assert!(lost.is_empty(), "{} acknowledged commits lost: {lost:?}", lost.len());
+    let servers = acknowledging_servers(&logs);
+    let after: Vec<&(u128, String)> = servers.iter().filter(|(t, _)| *t > since).collect();
+    if let Some(first_new) = after.iter().find(|(_, server)| server != old_ip).map(|(t, _)| *t) {
+        let late: Vec<_> = after.iter().filter(|(t, server)| *t > first_new && server == old_ip).collect();
+        assert!(late.is_empty(), "the old primary acknowledged after the new one: {late:?}");
+    }
+    Ok(())
+}
+
+fn pod_ip(pod: Pod) -> String {
+    pod.status.and_then(|s| s.pod_ip).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn two_instances_are_synchronous_and_fail_over_without_loss() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-two").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let (db, pods, dbs) = ("two", ns.api::<Pod>(), ns.api::<MyDatabase>());
+    let primary = create(&ns, db, 2).await?;
+    let replica = if primary == "two-0" { "two-1" } else { "two-0" };
+    assert_eq!(
+        sql_in(&ns, &primary, "SHOW synchronous_standby_names")?,
+        format!("ANY 1 (\"{replica}\")"),
+        "two instances: the replica confirms every commit"
+    );
+    writes_flow(&ns, 0).await?;
+    let old_ip = pod_ip(pods.get(&primary).await?);
+    let at = now_ms();
+    pods.delete(&primary, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+    eventually(DEFAULT_TIMEOUT, "the replica to be promoted", || async {
+        primary_of(&dbs, db).await.as_deref() == Some(replica)
+    })
+    .await?;
+    writes_flow(&ns, now_ms()).await?;
+    // The old primary is back, a synchronous replica of the new one.
+    assert_eq!(settled(&ns, db, 2).await?, replica);
+    assert_eq!(sql_in(&ns, &primary, "SELECT pg_is_in_recovery()")?, "t");
+    nothing_lost(&ns, replica, &old_ip, at).await
+}
+
+#[tokio::test]
+async fn a_failover_waits_for_a_synchronous_standby_that_does_not_answer() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-quorum").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let (db, pods, dbs) = ("quorum", ns.api::<Pod>(), ns.api::<MyDatabase>());
+    let primary = create(&ns, db, 3).await?;
+    writes_flow(&ns, 0).await?;
+    // A replica that is not on this test's clients' node freezes: it can confirm nothing and answer nothing.
+    let node_of = |pod: &Pod| pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    let mut replicas = Vec::new();
+    for name in (0..3).map(|n| format!("{db}-{n}")).filter(|name| *name != primary) {
+        replicas.push(pods.get(&name).await?);
+    }
+    let frozen = replicas.iter().find(|p| node_of(p) != CLIENT_NODE).or(replicas.first()).context("no replica")?;
+    let frozen_name = frozen.metadata.name.clone().unwrap_or_default();
+    let pid = postmaster_pid(frozen)?;
+    signal(pid, "-STOP")?;
+    let thawed = scopeguard(pid);
+    // Commits go on, confirmed by the other replica; then the primary is lost.
+    writes_flow(&ns, now_ms()).await?;
+    let old_ip = pod_ip(pods.get(&primary).await?);
+    let at = now_ms();
+    pods.delete(&primary, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+    let blocked = testkit::wait_for(&dbs, db, "the failover to be blocked", DEFAULT_TIMEOUT, |d| {
+        let status = serde_json::to_value(&d.status).unwrap_or_default();
+        status["conditions"].as_array().is_some_and(|conditions| {
+            conditions.iter().any(|c| c["type"] == "FailoverBlocked" && c["status"] == "True")
+        })
+    })
+    .await?;
+    let status = serde_json::to_value(&blocked.status)?;
+    let condition = status["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "FailoverBlocked"));
+    let message = condition.and_then(|c| c["message"].as_str()).unwrap_or_default().to_string();
+    assert!(message.contains(&frozen_name), "the condition names the standby it waits for: {message}");
+    assert_ne!(primary_of(&dbs, db).await.as_deref(), Some(frozen_name.as_str()));
+    let events =
+        kubectl(&["-n", &ns.name, "get", "events", "--field-selector", "reason=FailoverBlocked", "-o", "name"])?;
+    assert!(!events.trim().is_empty(), "no FailoverBlocked Event");
+    // Answering again, it is heard: the most advanced of the two is promoted.
+    drop(thawed);
+    eventually(DEFAULT_TIMEOUT, "a replica to be promoted", || async {
+        primary_of(&dbs, db).await.is_some_and(|p| p != primary)
+    })
+    .await?;
+    let record = dbs.get(db).await?.status.and_then(|s| s.last_failover).context("no failover record")?;
+    assert_eq!(record.positions.len(), 2, "both standbys gave their positions: {record:?}");
+    let new_primary = settled(&ns, db, 3).await?;
+    assert_eq!(sql_in(&ns, &primary, "SELECT pg_is_in_recovery()")?, "t");
+    nothing_lost(&ns, &new_primary, &old_ip, at).await
+}
+
+/// SIGCONT for the frozen postmaster when dropped, whatever the test's outcome
+/// (the liveness probe may have restarted its container by then: no error).
+fn scopeguard(pid: u32) -> impl Drop {
+    struct Thaw(u32);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            let _ = signal(self.0, "-CONT");
+        }
+    }
+    Thaw(pid)
+}
