@@ -4,7 +4,10 @@
 //!   failover loses nothing;
 //! - with three, a failover waits for every named synchronous standby: one
 //!   that does not answer (its postmaster frozen) blocks the promotion, with
-//!   a condition and an Event, until it answers again.
+//!   a condition and an Event, until it answers again;
+//! - every pod deleted at once, with the primary at the highest ordinal: its
+//!   pod is recreated beside the others (no `OrderedReady` deadlock) and it
+//!   is the primary again.
 //!
 //! Proven with SQL: nothing acknowledged is lost, no old primary acknowledged
 //! after the new one, the old primary is back as a streaming replica.
@@ -19,8 +22,9 @@ use common::clients::{
 use common::faults::{postmaster_pid, signal};
 use k8s_openapi::api::core::v1::Pod;
 use keelson::api::MyDatabase;
-use keelson::api::mydatabase::DatabasePhase;
-use kube::api::{Api, DeleteParams, LogParams, PostParams};
+use keelson::api::mydatabase::{DatabasePhase, SWITCHOVER_ANNOTATION};
+use keelson::mydatabase::names;
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::json;
 use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl};
 
@@ -177,6 +181,33 @@ async fn a_failover_waits_for_a_synchronous_standby_that_does_not_answer() -> an
     let new_primary = settled(&ns, db, 3).await?;
     assert_eq!(sql_in(&ns, &primary, "SELECT pg_is_in_recovery()")?, "t");
     nothing_lost(&ns, &new_primary, &old_ip, at).await
+}
+
+#[tokio::test]
+async fn a_full_restart_with_the_primary_at_the_highest_ordinal_keeps_it_and_its_data() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-restart").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let (db, pods, dbs) = ("restart", ns.api::<Pod>(), ns.api::<MyDatabase>());
+    create(&ns, db, 3).await?;
+    kubectl(&["-n", &ns.name, "annotate", "mydatabase", db, &format!("{SWITCHOVER_ANNOTATION}=restart-2")])?;
+    eventually(DEFAULT_TIMEOUT, "the switchover to restart-2", || async {
+        primary_of(&dbs, db).await.as_deref() == Some("restart-2")
+    })
+    .await?;
+    settled(&ns, db, 3).await?;
+    writes_flow(&ns, now_ms()).await?;
+    let old_ip = pod_ip(pods.get("restart-2").await?);
+    let at = now_ms();
+    let all =
+        ListParams::default().labels(&format!("{}={db},app.kubernetes.io/component=database", names::CLUSTER_LABEL));
+    let now = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    pods.delete_collection(&now, &all).await?;
+    // Every pod back (restart-2's not held back behind the others); whichever serves holds every commit.
+    let primary = settled(&ns, db, 3).await?;
+    eprintln!("after the full restart, {primary} is the primary");
+    writes_flow(&ns, now_ms()).await?;
+    nothing_lost(&ns, &primary, &old_ip, at).await
 }
 
 /// SIGCONT for the frozen postmaster when dropped, whatever the test's outcome

@@ -22,7 +22,7 @@ use super::instance_access::{self, InstanceAccess};
 use super::observed::{self, Caches, Observed};
 use super::restore::{self, Progress, Restore};
 use super::rollout::{self, Step};
-use super::statefulset::StorageChange;
+use super::statefulset::TemplateChange;
 use super::{backup, credentials, deletion, instances, names, pdb, scripts, services, statefulset, status, validation};
 use crate::Result;
 use crate::api::instance::{
@@ -178,15 +178,24 @@ impl Reconciler for MyDatabaseReconciler {
             }
             (Progress::Running | Progress::Failed { .. }, _) => false,
         };
-        let statefulset = match statefulset::storage_change(db, observed.statefulset.as_ref()) {
+        let statefulset = match statefulset::template_change(db, observed.statefulset.as_ref()) {
             _ if !restored => None,
-            StorageChange::None => applier.apply(&caches.statefulsets, desired.statefulset).await,
-            StorageChange::Recreating => {
-                applier.wait(format!("StatefulSet {name} to be recreated with the new storage size"));
+            TemplateChange::None => applier.apply(&caches.statefulsets, desired.statefulset).await,
+            TemplateChange::Recreating => {
+                applier.wait(format!("StatefulSet {name} to be recreated with its new template"));
                 observed.statefulset.clone()
             }
-            StorageChange::Grow { from } => {
+            TemplateChange::Grow { from } => {
                 self.grow_storage(db, &observed, &from, applier).await;
+                observed.statefulset.clone()
+            }
+            TemplateChange::Migrate { from } => {
+                let note = format!(
+                    "pod management {from} → {}: recreating the StatefulSet (pods keep running), so that the \
+                     primary's pod is never held back behind another",
+                    statefulset::POD_MANAGEMENT
+                );
+                self.recreate_statefulset(db, &observed, "StatefulSetMigrating", note, applier).await;
                 observed.statefulset.clone()
             }
         };
@@ -266,23 +275,36 @@ impl MyDatabaseReconciler {
         for claim in &observed.data_claims {
             applier.merge_patch::<PersistentVolumeClaim>(&claim.name_any(), &patch, "expand").await;
         }
-        let Some(existing) = &observed.statefulset else { return };
         if !applier.failures().is_empty() {
             return;
         }
+        let note = format!(
+            "storage {from} → {}: expanded the data PVCs; recreating the StatefulSet (pods keep running)",
+            db.spec.storage
+        );
+        self.recreate_statefulset(db, observed, "StorageExpanding", note, applier).await;
+    }
+
+    /// Deletes the StatefulSet without its pods (orphan): the next reconcile
+    /// creates it anew, with what could not be updated, and it adopts them.
+    async fn recreate_statefulset(
+        &self,
+        db: &MyDatabase,
+        observed: &Observed,
+        reason: &str,
+        note: String,
+        applier: &Applier<'_>,
+    ) {
+        let Some(existing) = &observed.statefulset else { return };
         // The uid precondition keeps a stale cache from deleting a StatefulSet already recreated.
         let params = DeleteParams {
             preconditions: Some(Preconditions { uid: existing.uid(), resource_version: None }),
             ..DeleteParams::orphan()
         };
         if applier.delete::<StatefulSet>(&existing.name_any(), &params).await {
-            let note = format!(
-                "storage {from} → {}: expanded the data PVCs; recreating the StatefulSet (pods keep running)",
-                db.spec.storage
-            );
             tracing::info!(namespace = %db.namespace().unwrap_or_default(), name = %db.name_any(), "{note}");
-            self.ctx.event(&db.object_ref(&()), EventType::Normal, "StorageExpanding", "Expand", note).await;
-            applier.wait(format!("StatefulSet {} to be recreated with the new storage size", existing.name_any()));
+            self.ctx.event(&db.object_ref(&()), EventType::Normal, reason, "Recreate", note).await;
+            applier.wait(format!("StatefulSet {} to be recreated with its new template", existing.name_any()));
         }
     }
 }

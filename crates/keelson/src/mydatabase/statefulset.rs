@@ -154,6 +154,12 @@ pub fn data_claim(db: &MyDatabase, name: &str) -> PersistentVolumeClaim {
     }
 }
 
+/// Every pod is created at once, whatever the others' readiness: the primary
+/// may be at any ordinal, and `OrderedReady` would hold its pod back behind a
+/// lower ordinal that cannot be ready without it (a replica streams from it).
+/// Replicas wait for the primary themselves (`keelson-postgres.sh`).
+pub const POD_MANAGEMENT: &str = "Parallel";
+
 /// Where the instance manager's binary is copied to, in each pod.
 const MANAGER_DIR: &str = "/keelson";
 /// Where in-cluster clients look for their ServiceAccount's token.
@@ -300,8 +306,7 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
             replicas: Some(db.spec.replicas),
             service_name: Some(names::headless_service(db)),
             selector: LabelSelector { match_labels: Some(names::pod_selector(db)), ..Default::default() },
-            // Replicas clone the primary, so they start after it, in order.
-            pod_management_policy: Some("OrderedReady".into()),
+            pod_management_policy: Some(POD_MANAGEMENT.into()),
             // Keelson replaces outdated pods itself: replicas one at a time,
             // then a switchover, then the former primary (see `rollout`).
             update_strategy: Some(StatefulSetUpdateStrategy { type_: Some("OnDelete".into()), ..Default::default() }),
@@ -363,26 +368,35 @@ pub fn template_storage(sts: &StatefulSet) -> Option<String> {
         .map(|q| q.0.clone())
 }
 
-/// What growing `spec.storage` asks of an existing StatefulSet.
+/// What an existing StatefulSet needs that an update cannot give it (its
+/// claim templates and pod management policy are immutable).
 #[derive(Debug, PartialEq, Eq)]
-pub enum StorageChange {
-    /// The template already asks for the spec's size (or there is no StatefulSet).
+pub enum TemplateChange {
+    /// Nothing (or there is no StatefulSet).
     None,
-    /// Claim templates are immutable: expand the PVCs from this size, then recreate the StatefulSet.
+    /// `spec.storage` grew: expand the PVCs from this size, then recreate the StatefulSet.
     Grow { from: String },
+    /// Created with this pod management policy (`OrderedReady`, by an earlier
+    /// version): recreate the StatefulSet as `Parallel`.
+    Migrate { from: String },
     /// The old StatefulSet is going away (orphaning its pods); the next one gets the new template.
     Recreating,
 }
 
-pub fn storage_change(db: &MyDatabase, existing: Option<&StatefulSet>) -> StorageChange {
-    let Some(existing) = existing else { return StorageChange::None };
+pub fn template_change(db: &MyDatabase, existing: Option<&StatefulSet>) -> TemplateChange {
+    let Some(existing) = existing else { return TemplateChange::None };
     if existing.metadata.deletion_timestamp.is_some() {
-        return StorageChange::Recreating;
+        return TemplateChange::Recreating;
     }
-    let Some(current) = template_storage(existing) else { return StorageChange::None };
-    match (drift::parse_quantity(&current), drift::parse_quantity(&db.spec.storage)) {
-        (Some(have), Some(want)) if want > have => StorageChange::Grow { from: current },
-        _ => StorageChange::None,
+    if let Some(current) = template_storage(existing)
+        && let (Some(have), Some(want)) = (drift::parse_quantity(&current), drift::parse_quantity(&db.spec.storage))
+        && want > have
+    {
+        return TemplateChange::Grow { from: current };
+    }
+    match existing.spec.as_ref().and_then(|s| s.pod_management_policy.as_deref()) {
+        Some(policy) if policy != POD_MANAGEMENT => TemplateChange::Migrate { from: policy.to_string() },
+        _ => TemplateChange::None,
     }
 }
 
@@ -444,14 +458,21 @@ mod tests {
     fn storage_grows_by_recreating_and_never_shrinks() {
         let mut db = sample();
         let sts = build(&db, &Settings::default()).expect("builds");
-        assert_eq!(storage_change(&db, Some(&sts)), StorageChange::None);
-        assert_eq!(storage_change(&db, None), StorageChange::None);
+        assert_eq!(template_change(&db, Some(&sts)), TemplateChange::None);
+        assert_eq!(template_change(&db, None), TemplateChange::None);
         db.spec.storage = "200Gi".into();
-        assert_eq!(storage_change(&db, Some(&sts)), StorageChange::Grow { from: "100Gi".into() });
+        assert_eq!(template_change(&db, Some(&sts)), TemplateChange::Grow { from: "100Gi".into() });
         db.spec.storage = "50Gi".into();
-        assert_eq!(storage_change(&db, Some(&sts)), StorageChange::None);
+        assert_eq!(template_change(&db, Some(&sts)), TemplateChange::None);
+        // Made by an earlier version, ordered: recreated as Parallel (the primary may be at any ordinal).
+        let mut ordered = sts.clone();
+        if let Some(spec) = ordered.spec.as_mut() {
+            spec.pod_management_policy = Some("OrderedReady".into());
+        }
+        db.spec.storage = "100Gi".into();
+        assert_eq!(template_change(&db, Some(&ordered)), TemplateChange::Migrate { from: "OrderedReady".into() });
         let mut going = sts;
         going.metadata.deletion_timestamp = Some(crate::runtime::status::now());
-        assert_eq!(storage_change(&db, Some(&going)), StorageChange::Recreating);
+        assert_eq!(template_change(&db, Some(&going)), TemplateChange::Recreating);
     }
 }

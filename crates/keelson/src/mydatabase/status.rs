@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use super::names;
 use super::observed::Observed;
 use super::restore::Progress;
-use super::statefulset::StorageChange;
+use super::statefulset::TemplateChange;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::mydatabase::{DatabasePhase, MyDatabase, MyDatabaseStatus};
 use crate::runtime::jobs::job_finished;
@@ -155,20 +155,20 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
         None => DesiredCondition::new("SpecValid", true, "Valid", ""),
     });
     // Growing storage takes steps (the volumes, then a new StatefulSet): say so while it lasts.
-    match super::statefulset::storage_change(db, statefulset) {
-        StorageChange::Grow { from } => conditions.push(DesiredCondition::new(
+    match super::statefulset::template_change(db, statefulset) {
+        TemplateChange::Grow { from } => conditions.push(DesiredCondition::new(
             "StorageGrowing",
             true,
             "ExpandingVolumes",
             format!("data volumes growing from {from} to {}", db.spec.storage),
         )),
-        StorageChange::Recreating => conditions.push(DesiredCondition::new(
+        TemplateChange::Recreating => conditions.push(DesiredCondition::new(
             "StorageGrowing",
             true,
             "RecreatingStatefulSet",
             format!("the StatefulSet is recreated with {} volumes; its pods keep running", db.spec.storage),
         )),
-        StorageChange::None => {}
+        TemplateChange::Migrate { .. } | TemplateChange::None => {}
     }
     if let Some(blocked) = &observed.failover_blocked {
         conditions.push(DesiredCondition::new("FailoverBlocked", true, "QuorumNotReached", blocked.clone()));
