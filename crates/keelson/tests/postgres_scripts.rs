@@ -1,6 +1,9 @@
 //! Keelson's PostgreSQL script (backup, prune, restore, replication), run
 //! against real PostgreSQL servers on 127.0.0.1.
 
+use anyhow::Context as _;
+use std::io::Write as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -461,4 +464,105 @@ async fn instance_probe_reads_roles_version_and_lag_from_real_servers() -> anyho
     let stopped = probe::Server { port: postgres::free_port()?, ..probe_of(&replica) };
     assert!(stopped.probe(Duration::from_secs(10)).await.is_err());
     Ok(())
+}
+
+/// `start` never runs a server on a data folder that a former container's
+/// server still uses (a forced deletion lets the kubelet start the successor
+/// while the old processes live): it waits on a lock on the volume, and the
+/// lock is held by the server itself, not only by the script that started it.
+#[test]
+fn start_waits_for_a_former_server_on_the_same_data_folder_to_exit() -> anyhow::Result<()> {
+    if !postgres::available() {
+        return Ok(());
+    }
+    let scratch = Scratch::new("data-lock")?;
+    let script = script()?;
+    let data = scratch.path.join("volume").join("pgdata");
+    check(run(&script, &["init-primary"], &base_env(&data))?, "init-primary")?;
+    let (sockets, orders) = (scratch.path.join("sockets"), scratch.path.join("orders"));
+    for dir in [&sockets, &orders] {
+        std::fs::create_dir_all(dir)?;
+    }
+    // Loopback only, and the test's own socket folder.
+    let conf = format!("listen_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n", sockets.display());
+    std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf"))?.write_all(conf.as_bytes())?;
+    std::fs::write(orders.join("role"), "primary")?;
+    chown_postgres(&scratch.path)?;
+    let lock = scratch.path.join("volume/.keelson-data-lock");
+    // Whether anyone holds the data lock now.
+    let held = || -> anyhow::Result<bool> {
+        let free = run(std::path::Path::new("/usr/bin/flock"), &["-n", &lock.to_string_lossy(), "true"], &[])?;
+        Ok(!free.status.success())
+    };
+    // The former container's server, as far as the lock goes: it holds it until it exits.
+    std::fs::write(&lock, "")?;
+    chown_postgres(&lock)?;
+    // `-o`: the lock is flock's own, not its command's, and goes when flock is killed.
+    let mut former =
+        std::process::Command::new("flock").arg("-o").arg(&lock).args(["sleep", "600"]).process_group(0).spawn()?;
+    let until = |what: &str, done: &dyn Fn() -> anyhow::Result<bool>| -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done()? {
+            anyhow::ensure!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    };
+    until("the former server's lock", &held)?;
+    let port = postgres::free_port()?;
+    let log = scratch.path.join("start.log");
+    let mut start = std::process::Command::new("runuser")
+        .args(["-u", "postgres", "--", "env"])
+        .args(base_env(&data).iter().map(|(k, v)| format!("{k}={v}")))
+        .arg(format!("PGHOST={}", sockets.display()))
+        .arg(format!("PGPORT={port}"))
+        .arg(format!("ORDERS_DIR={}", orders.display()))
+        .args(["POD_NAME=db-0", "PRIMARY_HOST=127.0.0.1"])
+        .arg(&script)
+        .arg("start")
+        .stderr(std::fs::File::create(&log)?)
+        .process_group(0)
+        .spawn()?;
+    // Whatever happens, nothing this test started outlives it (the script's loops are in its group).
+    let _groups = KillGroups(vec![former.id(), start.id()]);
+    let logged = |text: &str| std::fs::read_to_string(&log).is_ok_and(|l| l.contains(text));
+    until("start to wait for the former server", &|| Ok(logged("another PostgreSQL still runs on this data folder")))?;
+    // The manager's acknowledgement of this start, as it would give it.
+    until("the boot token", &|| Ok(sockets.join(".keelson-boot").exists()))?;
+    std::fs::write(orders.join("ack"), std::fs::read_to_string(sockets.join(".keelson-boot"))?)?;
+    let answers = || {
+        let ready = std::process::Command::new(postgres::bindir().join("pg_isready"))
+            .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .status();
+        Ok(ready.is_ok_and(|s| s.success()))
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!answers()?, "a server started while the former one held the data folder");
+    let released = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{}", former.id())]).status()?;
+    anyhow::ensure!(released.success(), "cannot end the former server");
+    former.wait()?;
+    until("the server to start once the former one exited", &answers)
+        .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
+    // The server holds the lock itself: the script gone, it is still taken.
+    let killed = std::process::Command::new("kill").args(["-KILL", &start.id().to_string()]).status()?;
+    anyhow::ensure!(killed.success(), "cannot kill the script");
+    start.wait()?;
+    assert!(answers()?, "the server stopped with its script");
+    assert!(held()?, "the lock went with the script while its server runs");
+    let stopped =
+        run(&postgres::bindir().join("pg_ctl"), &["-D", &data.to_string_lossy(), "-m", "fast", "-w", "stop"], &[])?;
+    check(stopped, "pg_ctl stop")?;
+    until("the lock to be free once the server exited", &|| Ok(!held()?))?;
+    Ok(())
+}
+
+/// SIGKILL for these process groups when dropped.
+struct KillGroups(Vec<u32>);
+
+impl Drop for KillGroups {
+    fn drop(&mut self) {
+        for group in &self.0 {
+            let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).status();
+        }
+    }
 }

@@ -319,6 +319,22 @@ prepare_for_role() {
   chmod 700 "$PGDATA"
 }
 
+# One PostgreSQL per data folder. PostgreSQL's own lock (postmaster.pid) does
+# not see a server in another container: after a forced deletion, the kubelet
+# may start the pod's successor while the old container's server still runs on
+# the same volume, and two servers on one data folder lose commits. This lock,
+# on the volume, is inherited by the server and every backend: it is free only
+# once all of them have exited (the script's own loops do not take it).
+hold_data_lock() {
+  local waited=0
+  exec 9>>"$(dirname "$PGDATA")/.keelson-data-lock"
+  touch "$(starting_marker)"
+  until flock -n 9; do
+    (( waited++ % 10 == 0 )) && log "another PostgreSQL still runs on this data folder (a former container of this pod); waiting for it to exit"
+    sleep 1
+  done
+}
+
 # The pod's entry point: PostgreSQL in the role the operator chose, started
 # again in place when the orders change its role (see `restart_server`); any
 # other exit ends the container, with PostgreSQL's status.
@@ -332,6 +348,7 @@ start() {
   # promoted; fast ends them at once and sends the last WAL to the replicas.
   trap 'stopping=1; [[ -z "$server" ]] || kill -INT "$server" 2>/dev/null || true' TERM INT
   echo "$(date +%s%N)-$$" > "$(boot_file)"
+  hold_data_lock
   while :; do
     touch "$(starting_marker)"
     prepare_for_role
@@ -346,8 +363,8 @@ start() {
     server=$!
     if [[ -z "$following" ]]; then
       following=1
-      follow_orders_loop &
-      watch_credentials &
+      follow_orders_loop 9>&- &
+      watch_credentials 9>&- &
     fi
     status=0
     # A trapped signal interrupts `wait` while the server still runs: wait again.
@@ -514,10 +531,16 @@ apply_credentials() {
   local sql=("$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
   in_recovery="$("${sql[@]}" -c 'SELECT pg_is_in_recovery()' 2>/dev/null)" || return 1
   if [[ "$in_recovery" == f ]]; then
+    # Not waiting for a synchronous standby: one that must log in with the new
+    # password to stream (two instances, after a switchover) would never confirm
+    # it. Each new primary sets the passwords again from the mounted Secret.
     "${sql[@]}" -v app_user="$APP_USER" -v app_password="$(cat "$dir/password")" \
       -v repl_user="$REPLICATION_USER" -v repl_password="$(cat "$dir/replication-password")" <<'SQL' || return 1
+BEGIN;
+SET LOCAL synchronous_commit = local;
 ALTER ROLE :"app_user" PASSWORD :'app_password';
 ALTER ROLE :"repl_user" PASSWORD :'repl_password';
+COMMIT;
 SQL
   else
     local password conninfo host
