@@ -562,7 +562,51 @@ struct KillGroups(Vec<u32>);
 impl Drop for KillGroups {
     fn drop(&mut self) {
         for group in &self.0 {
-            let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).status();
+            let mut kill = std::process::Command::new("kill");
+            let _ = kill.args(["-KILL", "--", &format!("-{group}")]).stderr(std::process::Stdio::null()).status();
         }
     }
+}
+
+/// A primary whose instance manager went silent (down or stuck: no fence
+/// could come from it), with standbys named and none streaming, stops; one
+/// whose manager is heard from keeps serving.
+#[test]
+fn a_primary_stops_when_its_manager_is_silent_and_no_standby_streams() -> anyhow::Result<()> {
+    if !postgres::available() {
+        return Ok(());
+    }
+    let scratch = Scratch::new("silent")?;
+    let script = script()?;
+    let primary = primary(&scratch, &script)?;
+    let orders = scratch.path.join("orders");
+    std::fs::create_dir_all(&orders)?;
+    std::fs::write(orders.join("role"), "primary")?;
+    std::fs::write(orders.join("synchronous-standbys"), "ANY 1 (\"db-1\")")?;
+    std::fs::write(orders.join("heartbeat"), "1")?;
+    chown_postgres(&orders)?;
+    let follow_orders = || -> anyhow::Result<std::process::Output> {
+        let env = [
+            ("PGBIN", postgres::bindir().to_string_lossy().into_owned()),
+            ("PGDATA", primary.data.to_string_lossy().into_owned()),
+            ("PGHOST", primary.socket_dir().to_string_lossy().into_owned()),
+            ("PGPORT", primary.port.to_string()),
+            ("ORDERS_DIR", orders.to_string_lossy().into_owned()),
+            ("POD_NAME", "db-0".to_string()),
+        ];
+        run(&script, &["follow-orders"], &env)
+    };
+    let answers = || primary.psql_superuser("postgres", "SELECT 1").is_ok_and(|one| one == "1");
+    let out = follow_orders()?;
+    anyhow::ensure!(out.status.success(), "follow-orders: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(answers(), "stopped though its manager is heard from");
+    // Not heard from for 10 s.
+    let mut touched = std::process::Command::new("touch");
+    touched.args(["-d", "10 seconds ago"]).arg(orders.join("heartbeat"));
+    anyhow::ensure!(touched.status()?.success(), "cannot age the heartbeat");
+    let out = follow_orders()?;
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("the instance manager has not been heard from"), "{log}");
+    assert!(!answers(), "still serving with its manager silent");
+    Ok(())
 }

@@ -13,13 +13,24 @@
 //! operator asks for their positions). A primary that has no replica (one
 //! instance; none ever streamed, and no synchronous standby is named) is
 //! never fenced either: nobody could take over.
+//!
+//! The fence is looked at on a timer of its own (`instance::run`), every
+//! `FENCE_LOOK_EVERY`, whatever the manager's API calls and looks at the
+//! server are waiting for.
 
 use std::time::Instant;
 
 use crate::api::instance::{FENCE_AFTER, LEASE_RENEW_EVERY};
 
+/// How often the fence is looked at (and the manager's heartbeat written).
+pub const FENCE_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
 #[derive(Debug)]
 pub struct Lease {
+    /// The pod is labelled primary: a term runs.
+    primary: bool,
+    /// A replica streamed from this server at the last look.
+    streaming: bool,
     count: u64,
     /// When this term began (the pod became primary, or the manager started).
     since: Instant,
@@ -33,7 +44,27 @@ pub struct Lease {
 
 impl Lease {
     pub fn new(now: Instant) -> Self {
-        Lease { count: 0, since: now, renewed: None, tried: None, had_replica: false }
+        Lease { primary: false, streaming: false, count: 0, since: now, renewed: None, tried: None, had_replica: false }
+    }
+
+    /// What the pod and the last look said: whether the pod is labelled
+    /// primary (a new term begins when it becomes so; none runs while it is
+    /// not), whether a replica streams from the server now, and whether the
+    /// operator named synchronous standbys for it (a database of two or more
+    /// instances: it has replicas, even if none has connected yet).
+    pub fn observe(&mut self, primary: bool, streaming: bool, standbys_named: bool, now: Instant) {
+        if primary && !self.primary {
+            *self = Lease { primary: true, ..Lease::new(now) };
+        }
+        self.primary = primary;
+        self.streaming = streaming;
+        if primary {
+            self.had_replica |= streaming || standbys_named;
+        }
+    }
+
+    pub fn primary(&self) -> bool {
+        self.primary
     }
 
     /// The count to send now, if a renewal is due.
@@ -53,17 +84,9 @@ impl Lease {
         self.renewed = Some(sent);
     }
 
-    /// What the last look saw: whether a replica streams from this server now;
-    /// and whether the operator named synchronous standbys for it (a database
-    /// of three or more instances: it has replicas, even if none has connected
-    /// yet since this pod became the primary).
-    pub fn replicas_streaming(&mut self, streaming: bool, standbys_named: bool) {
-        self.had_replica |= streaming || standbys_named;
-    }
-
     /// Why the server must be fenced now, if it must.
-    pub fn fence(&self, now: Instant, replica_streaming: bool) -> Option<String> {
-        if !self.had_replica || replica_streaming {
+    pub fn fence(&self, now: Instant) -> Option<String> {
+        if !self.primary || !self.had_replica || self.streaming {
             return None;
         }
         let since = self.renewed.unwrap_or(self.since);
@@ -87,6 +110,7 @@ mod tests {
     fn renewals_are_due_every_period_and_count_up() {
         let start = Instant::now();
         let mut lease = Lease::new(start);
+        lease.observe(true, false, false, start);
         let first = lease.due(start).expect("due at once");
         assert_eq!(lease.due(start + Duration::from_millis(500)), None, "too soon");
         let second = lease.due(start + LEASE_RENEW_EVERY).expect("due again");
@@ -97,26 +121,32 @@ mod tests {
     fn a_cut_off_primary_without_streaming_replicas_is_fenced_before_the_operator_gives_up_on_it() {
         let start = Instant::now();
         let mut lease = Lease::new(start);
-        lease.replicas_streaming(true, false);
+        lease.observe(true, true, false, start);
         let sent = start + Duration::from_secs(1);
         lease.renewed(sent);
         // Renewals fail from here on.
-        assert_eq!(lease.fence(sent + FENCE_AFTER - Duration::from_millis(1), false), None, "too soon");
-        assert_eq!(lease.fence(sent + FENCE_AFTER, true), None, "a replica still streams from it");
-        let why = lease.fence(sent + FENCE_AFTER, false).expect("fenced");
+        assert_eq!(lease.fence(sent + FENCE_AFTER), None, "a replica still streams from it");
+        lease.observe(true, false, false, sent);
+        assert_eq!(lease.fence(sent + FENCE_AFTER - Duration::from_millis(1)), None, "too soon");
+        let why = lease.fence(sent + FENCE_AFTER).expect("fenced");
         assert!(why.contains("not renewed for 5s"), "{why}");
         assert!(FENCE_AFTER < crate::api::instance::LEASE_EXPIRES_AFTER, "the fence must come first");
         // Renewed again: no longer fenced.
         lease.renewed(sent + FENCE_AFTER * 2);
-        assert_eq!(lease.fence(sent + FENCE_AFTER * 2, false), None);
+        assert_eq!(lease.fence(sent + FENCE_AFTER * 2), None);
+        // No longer labelled primary (seen in the renewal's answer): never fenced, and a new term when it is again.
+        lease.observe(false, false, false, sent + FENCE_AFTER * 9);
+        assert_eq!(lease.fence(sent + FENCE_AFTER * 10), None);
+        lease.observe(true, false, true, sent + FENCE_AFTER * 10);
+        assert_eq!(lease.fence(sent + FENCE_AFTER * 10 + Duration::from_secs(1)), None, "a new term");
     }
 
     #[test]
     fn a_primary_that_never_had_a_replica_is_never_fenced() {
         let start = Instant::now();
         let mut lease = Lease::new(start);
-        lease.replicas_streaming(false, false);
-        assert_eq!(lease.fence(start + FENCE_AFTER * 10, false), None);
+        lease.observe(true, false, false, start);
+        assert_eq!(lease.fence(start + FENCE_AFTER * 10), None);
     }
 
     #[test]
@@ -124,7 +154,7 @@ mod tests {
         // Cut off right after a switchover: no replica streamed from it yet.
         let start = Instant::now();
         let mut lease = Lease::new(start);
-        lease.replicas_streaming(false, true);
-        assert!(lease.fence(start + FENCE_AFTER, false).is_some());
+        lease.observe(true, false, true, start);
+        assert!(lease.fence(start + FENCE_AFTER).is_some());
     }
 }

@@ -20,7 +20,8 @@
 pub mod lease;
 pub mod probe;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -34,7 +35,7 @@ use crate::api::instance::{
     ANNOTATION, HOLD_STREAMING, InstanceReport, LEASE, POSITION_REQUEST, ROLE_LABEL, Role, SYNCHRONOUS_STANDBYS,
     UPSTREAM,
 };
-use lease::Lease;
+use lease::{FENCE_LOOK_EVERY, Lease};
 use probe::Server;
 
 pub const FIELD_MANAGER: &str = "keelson-instance";
@@ -126,13 +127,52 @@ fn write_order(dir: &Path, file: &str, value: &str) -> Result<(), InstanceError>
     Ok(())
 }
 
-/// The operator named synchronous standbys for this pod as a primary.
-fn standbys_named_on(pod: &Pod) -> bool {
-    pod.annotations().get(SYNCHRONOUS_STANDBYS).is_some_and(|names| !names.is_empty())
+/// What the manager itself needs of the operator's decisions for this pod.
+#[derive(Clone, Copy, Debug, Default)]
+struct Orders {
+    /// Labelled primary.
+    primary: bool,
+    /// Told to hold for a failover.
+    holding: bool,
+    /// Synchronous standbys named for it as a primary.
+    standbys_named: bool,
 }
 
-fn labelled_primary(pod: &Pod) -> bool {
-    pod.labels().get(ROLE_LABEL).map(String::as_str) == Some("primary")
+/// Writes the orders `pod` carries (see `write_orders`) and returns what the manager needs of them.
+fn take_orders(dir: &Path, pod: &Pod) -> Result<Orders, InstanceError> {
+    write_orders(dir, pod)?;
+    Ok(Orders {
+        primary: pod.labels().get(ROLE_LABEL).map(String::as_str) == Some("primary"),
+        holding: pod.annotations().contains_key(HOLD_STREAMING),
+        standbys_named: pod.annotations().get(SYNCHRONOUS_STANDBYS).is_some_and(|names| !names.is_empty()),
+    })
+}
+
+fn lock(lease: &Mutex<Lease>) -> MutexGuard<'_, Lease> {
+    lease.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The fence order and the manager's heartbeat, on a timer of their own: a
+/// look at a hung server or a slow API call never puts them off. PostgreSQL's
+/// container stops a primary whose manager's heartbeat goes stale (the
+/// manager is down or stuck), as it stops a fenced one.
+async fn watch_fence(lease: Arc<Mutex<Lease>>, dir: PathBuf) {
+    let mut ticks = tokio::time::interval(FENCE_LOOK_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let heartbeat = dir.join("heartbeat");
+    for beat in 0u64.. {
+        ticks.tick().await;
+        let fence = lock(&lease).fence(Instant::now());
+        if let Err(error) = write_order(&dir, "fence", fence.as_deref().unwrap_or_default()) {
+            tracing::warn!(%error, "cannot write the fence order");
+        }
+        // Its age is what counts (the file's modification time), once a second.
+        if beat % 5 == 0
+            && let Err(error) = std::fs::write(&heartbeat, beat.to_string())
+        {
+            tracing::warn!(%error, path = %heartbeat.display(), "cannot write the heartbeat");
+        }
+    }
 }
 
 /// Decides which looks become reports.
@@ -191,27 +231,24 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
     tokio::pin!(stop);
     // Told to hold, the server lets go of its upstream within a moment: look
     // often until it has, so that the final position reaches the operator at once.
-    let mut holding = false;
     let mut final_position = false;
-    let mut primary = false;
-    let mut standbys_named = false;
-    let mut lease = Lease::new(Instant::now());
+    let mut seen_orders = Orders::default();
+    let lease = Arc::new(Mutex::new(Lease::new(Instant::now())));
+    let fence = tokio::spawn(watch_fence(lease.clone(), args.orders_dir.clone()));
+    let _fence = AbortOnDrop(fence);
     let mut renew_failed_at: Option<Instant> = None;
     let params = PatchParams::apply(FIELD_MANAGER);
     let mut acknowledged = String::new();
     let mut looked = tokio::time::Instant::now();
     loop {
         // Events on the pod do not put the next look off.
-        let look_in = if holding && !final_position { HOLD_LOOK_EVERY } else { LOOK_EVERY };
+        let look_in = if seen_orders.holding && !final_position { HOLD_LOOK_EVERY } else { LOOK_EVERY };
         tokio::select! {
             _ = &mut stop => return Ok(()),
             _ = tokio::time::sleep_until(looked + look_in) => {}
             event = orders.next() => match event {
                 Some(Ok(own)) => {
-                    write_orders(&args.orders_dir, &own)?;
-                    holding = own.annotations().contains_key(HOLD_STREAMING);
-                    primary = labelled_primary(&own);
-                    standbys_named = standbys_named_on(&own);
+                    seen_orders = take_orders(&args.orders_dir, &own)?;
                     let request = own.annotations().get(POSITION_REQUEST).cloned();
                     if request.is_none() || request == answering {
                         continue;
@@ -232,40 +269,36 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
         let replica_streaming = probed
             .as_ref()
             .is_ok_and(|seen| seen.role == Role::Primary && seen.replicas.iter().any(|r| r.state == "streaming"));
-        if primary {
-            lease.replicas_streaming(replica_streaming, standbys_named);
-            if let Some(count) = lease.due(Instant::now()) {
-                let sent = Instant::now();
-                let patch = Patch::Merge(json!({"metadata": {"annotations": {LEASE: count.to_string()}}}));
-                let renewal = pods.patch(&pod, &params, &patch);
-                // Short: while renewals fail, the fence is looked at once a loop.
-                match tokio::time::timeout(RENEW_TIMEOUT, renewal).await {
-                    Ok(Ok(own)) => {
-                        lease.renewed(sent);
-                        renew_failed_at = None;
-                        // The pod as it is now: a cut-off primary learns it was replaced before it unfences.
-                        write_orders(&args.orders_dir, &own)?;
-                        primary = labelled_primary(&own);
-                        standbys_named = standbys_named_on(&own);
-                    }
-                    failed => {
-                        let error = match failed {
-                            Ok(Err(error)) => error.to_string(),
-                            _ => format!("no answer within {RENEW_TIMEOUT:?}"),
-                        };
-                        if renew_failed_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
-                            tracing::warn!(namespace, pod, error, "could not renew the primary lease");
-                            renew_failed_at = Some(Instant::now());
-                        }
+        lock(&lease).observe(seen_orders.primary, replica_streaming, seen_orders.standbys_named, Instant::now());
+        let due = if seen_orders.primary { lock(&lease).due(Instant::now()) } else { None };
+        if let Some(count) = due {
+            let sent = Instant::now();
+            let patch = Patch::Merge(json!({"metadata": {"annotations": {LEASE: count.to_string()}}}));
+            let renewal = pods.patch(&pod, &params, &patch);
+            // Short: while renewals fail, reports wait (see below), and looks go on.
+            match tokio::time::timeout(RENEW_TIMEOUT, renewal).await {
+                Ok(Ok(own)) => {
+                    renew_failed_at = None;
+                    // The pod as it is now, before the fence may lift: a cut-off primary
+                    // learns it was replaced before it unfences.
+                    seen_orders = take_orders(&args.orders_dir, &own)?;
+                    let mut lease = lock(&lease);
+                    let now = Instant::now();
+                    lease.observe(seen_orders.primary, replica_streaming, seen_orders.standbys_named, now);
+                    lease.renewed(sent);
+                }
+                failed => {
+                    let error = match failed {
+                        Ok(Err(error)) => error.to_string(),
+                        _ => format!("no answer within {RENEW_TIMEOUT:?}"),
+                    };
+                    if renew_failed_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+                        tracing::warn!(namespace, pod, error, "could not renew the primary lease");
+                        renew_failed_at = Some(Instant::now());
                     }
                 }
             }
         }
-        if !primary {
-            lease = Lease::new(Instant::now());
-        }
-        let fence = if primary { lease.fence(Instant::now(), replica_streaming) } else { None };
-        write_order(&args.orders_dir, "fence", fence.as_deref().unwrap_or_default())?;
         // A new start of PostgreSQL's container waits for its orders to be read anew.
         let boot = std::fs::read_to_string(Path::new(&server.socket_dir).join(BOOT_FILE)).unwrap_or_default();
         if !boot.is_empty() && boot != acknowledged {
@@ -276,10 +309,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                     let Some(own) = list.items.first() else {
                         return Err(InstanceError::MissingEnv("POD_NAME (naming a pod that exists)"));
                     };
-                    write_orders(&args.orders_dir, own)?;
-                    holding = own.annotations().contains_key(HOLD_STREAMING);
-                    primary = labelled_primary(own);
-                    standbys_named = standbys_named_on(own);
+                    seen_orders = take_orders(&args.orders_dir, own)?;
                     write_order(&args.orders_dir, "ack", &boot)?;
                     acknowledged = boot;
                 }
@@ -312,7 +342,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
         };
         let Some(seen) = seen else { continue };
         // A primary that cannot renew cannot report either: no 2 s wait that would hold up its fence.
-        if primary && renew_failed_at.is_some() {
+        if seen_orders.primary && renew_failed_at.is_some() {
             reporter.forget();
             continue;
         }
@@ -331,6 +361,15 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                 reporter.forget();
             }
         }
+    }
+}
+
+/// Stops the fence's timer when the manager ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -34,7 +34,8 @@
 # `hold`: a failover's token while this replica must not stream; `upstream`: the
 # primary's pod address, which a replica streams from (else $PRIMARY_HOST); `fence`: why
 # this server must not run, while the primary lease cannot be renewed; `ack`:
-# this container's start, once the manager read the pod anew).
+# this container's start, once the manager read the pod anew; `heartbeat`:
+# written every second while the manager runs).
 set -euo pipefail
 
 PGPORT="${PGPORT:-5432}"
@@ -268,9 +269,12 @@ restart_server() {
 # writes it from the pod's label), then sets the data up for it.
 prepare_for_role() {
   local role waited=0
-  # Fenced by the instance manager (it could not renew the primary lease): no server until it can.
-  until [[ ! -s "$ORDERS_DIR/fence" ]]; do
-    (( waited++ % 50 == 0 )) && log "fenced: $(cat "$ORDERS_DIR/fence" 2>/dev/null); waiting"
+  # Fenced by the instance manager (it could not renew the primary lease), or the manager is
+  # silent: no server until it can renew, and is heard from.
+  local why
+  until [[ ! -s "$ORDERS_DIR/fence" ]] && ! manager_silent; do
+    why="$(cat "$ORDERS_DIR/fence" 2>/dev/null)" || why=""
+    (( waited++ % 50 == 0 )) && log "fenced: ${why:-the instance manager is silent}; waiting"
     sleep 0.2
   done
   waited=0
@@ -378,6 +382,14 @@ start() {
   done
 }
 
+# The instance manager has written its heartbeat before, and not for 5 s:
+# it is down or stuck, and nothing would fence this server if it were cut off.
+manager_silent() {
+  local beat="$ORDERS_DIR/heartbeat" written
+  written="$(stat -c %Y "$beat" 2>/dev/null)" || return 1
+  (( $(date +%s) - written > ${MANAGER_SILENT_SECONDS:-5} ))
+}
+
 # The operator's later orders, once PostgreSQL runs: promote a replica chosen
 # as primary; stop a primary that was stepped down (`start` rejoins it as a
 # replica: never two primaries); set the
@@ -386,6 +398,7 @@ start() {
 # its pod (a forced deletion) can never be streamed from again.
 follow_orders() {
   local socket="${PGHOST:-/var/run/postgresql}" role wanted state in_recovery streaming current upstream hold host
+  local senders
   # A hung server must not hang the orders: give up on a connection after a few seconds.
   local sql=(env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
   role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" || return 0
@@ -401,9 +414,17 @@ follow_orders() {
       EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
       current_setting('synchronous_standby_names'),
       current_setting('primary_conninfo') <> '',
-      coalesce(substring(current_setting('primary_conninfo') from 'host=''?([^'' ]+)'), '')" 2>/dev/null)" || return 0
-  IFS='|' read -r in_recovery streaming current upstream host <<<"$state"
+      coalesce(substring(current_setting('primary_conninfo') from 'host=''?([^'' ]+)'), ''),
+      (SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming')" 2>/dev/null)" || return 0
+  IFS='|' read -r in_recovery streaming current upstream host senders <<<"$state"
   rm -f "$(starting_marker)"
+  # A primary with standbys named, none streaming from it, and its manager silent: the
+  # manager's fence could not come, so it stops (as when fenced) until the manager is back.
+  if [[ "$in_recovery" == f && -s "$ORDERS_DIR/synchronous-standbys" && "$senders" == 0 ]] && manager_silent; then
+    log "fenced: the instance manager has not been heard from for over ${MANAGER_SILENT_SECONDS:-5}s; stopping until it is back"
+    restart_server
+    return 0
+  fi
   STREAMING="$streaming" IN_RECOVERY="$in_recovery" HOLDING=""
   if [[ "$in_recovery" == t && -n "$hold" ]]; then
     # A failover's hold: let go of the primary, so that its position is final
