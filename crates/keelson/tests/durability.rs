@@ -7,7 +7,9 @@
 //!   a condition and an Event, until it answers again;
 //! - every pod deleted at once, with the primary at the highest ordinal: its
 //!   pod is recreated beside the others (no `OrderedReady` deadlock) and it
-//!   is the primary again.
+//!   is the primary again;
+//! - the operator killed mid-failover (the replicas asked, maybe held) and
+//!   mid-switchover (the primary stepped down): the next one finishes the job.
 //!
 //! Proven with SQL: nothing acknowledged is lost, no old primary acknowledged
 //! after the new one, the old primary is back as a streaming replica.
@@ -22,8 +24,10 @@ use common::clients::{
 use common::faults::{postmaster_pid, signal};
 use k8s_openapi::api::core::v1::Pod;
 use keelson::api::MyDatabase;
+use keelson::api::instance::POSITION_REQUEST;
 use keelson::api::mydatabase::{DatabasePhase, SWITCHOVER_ANNOTATION};
 use keelson::mydatabase::names;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::json;
 use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl};
@@ -77,8 +81,9 @@ async fn writes_flow(ns: &TestNamespace, since: u128) -> anyhow::Result<()> {
 }
 
 /// Stops the session, then checks the property: every commit it saw acknowledged is on `primary`,
-/// and no acknowledgement came from `old_ip` after one came from another server.
-async fn nothing_lost(ns: &TestNamespace, primary: &str, old_ip: &str, since: u128) -> anyhow::Result<()> {
+/// and, for each move of the primary (its old address, and when it began), no acknowledgement
+/// came from the old address after one came from another server.
+async fn nothing_lost(ns: &TestNamespace, primary: &str, moves: &[(&str, u128)]) -> anyhow::Result<()> {
     eventually(DEFAULT_TIMEOUT, "the session to be told to stop", || async {
         kubectl(&["-n", &ns.name, "exec", "session", "--", "touch", "/tmp/stop"]).is_ok()
     })
@@ -91,10 +96,12 @@ async fn nothing_lost(ns: &TestNamespace, primary: &str, old_ip: &str, since: u1
     let lost: Vec<u64> = acked.iter().map(|(id, _)| *id).filter(|id| !stored.contains(id)).collect();
     assert!(lost.is_empty(), "{} acknowledged commits lost: {lost:?}", lost.len());
     let servers = acknowledging_servers(&logs);
-    let after: Vec<&(u128, String)> = servers.iter().filter(|(t, _)| *t > since).collect();
-    if let Some(first_new) = after.iter().find(|(_, server)| server != old_ip).map(|(t, _)| *t) {
-        let late: Vec<_> = after.iter().filter(|(t, server)| *t > first_new && server == old_ip).collect();
-        assert!(late.is_empty(), "the old primary acknowledged after the new one: {late:?}");
+    for (old_ip, since) in moves {
+        let after: Vec<&(u128, String)> = servers.iter().filter(|(t, _)| t > since).collect();
+        if let Some(first_new) = after.iter().find(|(_, server)| server != old_ip).map(|(t, _)| *t) {
+            let late: Vec<_> = after.iter().filter(|(t, server)| *t > first_new && server == old_ip).collect();
+            assert!(late.is_empty(), "the old primary {old_ip} acknowledged after the new one: {late:?}");
+        }
     }
     Ok(())
 }
@@ -128,7 +135,7 @@ async fn two_instances_are_synchronous_and_fail_over_without_loss() -> anyhow::R
     // The old primary is back, a synchronous replica of the new one.
     assert_eq!(settled(&ns, db, 2).await?, replica);
     assert_eq!(sql_in(&ns, &primary, "SELECT pg_is_in_recovery()")?, "t");
-    nothing_lost(&ns, replica, &old_ip, at).await
+    nothing_lost(&ns, replica, &[(&old_ip, at)]).await
 }
 
 #[tokio::test]
@@ -180,7 +187,7 @@ async fn a_failover_waits_for_a_synchronous_standby_that_does_not_answer() -> an
     assert_eq!(record.positions.len(), 2, "both standbys gave their positions: {record:?}");
     let new_primary = settled(&ns, db, 3).await?;
     assert_eq!(sql_in(&ns, &primary, "SELECT pg_is_in_recovery()")?, "t");
-    nothing_lost(&ns, &new_primary, &old_ip, at).await
+    nothing_lost(&ns, &new_primary, &[(&old_ip, at)]).await
 }
 
 #[tokio::test]
@@ -207,7 +214,68 @@ async fn a_full_restart_with_the_primary_at_the_highest_ordinal_keeps_it_and_its
     let primary = settled(&ns, db, 3).await?;
     eprintln!("after the full restart, {primary} is the primary");
     writes_flow(&ns, now_ms()).await?;
-    nothing_lost(&ns, &primary, &old_ip, at).await
+    nothing_lost(&ns, &primary, &[(&old_ip, at)]).await
+}
+
+#[tokio::test]
+async fn the_operator_killed_mid_failover_and_mid_switchover_loses_nothing() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-killed").await?;
+    let operator = TestOperator::start(&cluster, &ns).await?;
+    let (db, pods, dbs) = ("killed", ns.api::<Pod>(), ns.api::<MyDatabase>());
+    let primary = create(&ns, db, 3).await?;
+    writes_flow(&ns, 0).await?;
+    let replicas: Vec<String> = (0..3).map(|n| format!("{db}-{n}")).filter(|name| *name != primary).collect();
+    let asked = |annotation: &'static str| {
+        let (pods, replicas) = (pods.clone(), replicas.clone());
+        move || {
+            let (pods, replicas) = (pods.clone(), replicas.clone());
+            async move {
+                for name in &replicas {
+                    if pods.get(name).await.is_ok_and(|p| p.annotations().contains_key(annotation)) {
+                        return true;
+                    }
+                }
+                false
+            }
+        }
+    };
+    // Mid-failover: killed once the replicas were asked for their positions.
+    let at = now_ms();
+    let first_ip = pod_ip(pods.get(&primary).await?);
+    pods.delete(&primary, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+    eventually(DEFAULT_TIMEOUT, "the replicas to be asked for their positions", asked(POSITION_REQUEST)).await?;
+    operator.kill();
+    let operator = TestOperator::start_as_service_account(&cluster, &ns).await?;
+    eventually(DEFAULT_TIMEOUT, "a replica to be promoted by the next operator", || async {
+        primary_of(&dbs, db).await.is_some_and(|p| p != primary)
+    })
+    .await?;
+    let second = settled(&ns, db, 3).await?;
+    writes_flow(&ns, now_ms()).await?;
+    // Mid-switchover: killed once the primary was stepped down.
+    let target = (0..3).map(|n| format!("{db}-{n}")).find(|name| *name != second).context("no replica")?;
+    let second_ip = pod_ip(pods.get(&second).await?);
+    let switched_at = now_ms();
+    kubectl(&["-n", &ns.name, "annotate", "mydatabase", db, &format!("{SWITCHOVER_ANNOTATION}={target}")])?;
+    eventually(DEFAULT_TIMEOUT, "the primary to be stepped down", || async {
+        pods.get(&second).await.is_ok_and(|p| p.labels().get(names::ROLE_LABEL).map(String::as_str) == Some("replica"))
+    })
+    .await?;
+    operator.kill();
+    let _operator = TestOperator::start_as_service_account(&cluster, &ns).await?;
+    // The request still stands: the next operator takes it to its end.
+    eventually(DEFAULT_TIMEOUT, "the switchover to be carried out", || async {
+        dbs.get(db).await.is_ok_and(|d| {
+            !d.annotations().contains_key(SWITCHOVER_ANNOTATION)
+                && d.status.and_then(|s| s.current_primary).as_deref() == Some(target.as_str())
+        })
+    })
+    .await?;
+    let last = settled(&ns, db, 3).await?;
+    assert_eq!(sql_in(&ns, &second, "SELECT pg_is_in_recovery()")?, "t", "the stepped-down primary is a replica");
+    writes_flow(&ns, now_ms()).await?;
+    nothing_lost(&ns, &last, &[(&first_ip, at), (&second_ip, switched_at)]).await
 }
 
 /// SIGCONT for the frozen postmaster when dropped, whatever the test's outcome

@@ -15,8 +15,11 @@ pub const QUERY: &str = r#"
 SELECT json_build_object(
   'role', CASE WHEN pg_is_in_recovery() THEN 'replica' ELSE 'primary' END,
   'serverVersion', split_part(current_setting('server_version'), ' ', 1),
+  -- A replica's: the newest it knows of. Its last checkpoint's lags behind, and a held
+  -- replica has no WAL receiver; a timeline's history file arrives as it is followed.
   'timeline', CASE WHEN pg_is_in_recovery()
-      THEN coalesce((SELECT received_tli FROM pg_stat_wal_receiver), (SELECT timeline_id FROM pg_control_checkpoint()))
+      THEN greatest((SELECT received_tli FROM pg_stat_wal_receiver), (SELECT timeline_id FROM pg_control_checkpoint()),
+        (SELECT max(('x' || substr(name, 1, 8))::bit(32)::int) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{8}\.history$'))
       ELSE (SELECT timeline_id FROM pg_control_checkpoint()) END,
   'lsn', CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
   -- After its WAL receiver restarts, the received position starts again at a segment's

@@ -204,6 +204,12 @@ impl TestOperator {
         Ok(Self { metrics, stop, task })
     }
 
+    /// Ends the controllers at once, mid-reconcile, as a killed process would:
+    /// nothing in flight is finished, nothing it kept in memory survives.
+    pub fn kill(self) {
+        self.task.abort();
+    }
+
     /// Stops the controllers, draining in-flight reconciles.
     pub async fn stop(self) -> anyhow::Result<()> {
         let _ = self.stop.send(true);
