@@ -22,13 +22,15 @@ use common::clients::{
     CLIENT_NODE, SESSION_WRITER, acknowledged, acknowledging_servers, client, ended, now_ms, sql_in,
 };
 use common::faults::{postmaster_pid, signal};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::ServiceAccount;
 use keelson::api::MyDatabase;
-use keelson::api::instance::POSITION_REQUEST;
+use keelson::api::instance::{HOLD_STREAMING, LEASE, POSITION_REQUEST, UPSTREAM};
 use keelson::api::mydatabase::{DatabasePhase, SWITCHOVER_ANNOTATION};
 use keelson::mydatabase::names;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl};
 
@@ -276,6 +278,64 @@ async fn the_operator_killed_mid_failover_and_mid_switchover_loses_nothing() -> 
     assert_eq!(sql_in(&ns, &second, "SELECT pg_is_in_recovery()")?, "t", "the stepped-down primary is a replica");
     writes_flow(&ns, now_ms()).await?;
     nothing_lost(&ns, &last, &[(&first_ip, at), (&second_ip, switched_at)]).await
+}
+
+/// What RBAC alone cannot hold an instance manager to (its Role names every
+/// pod of its database): with a token bound to its pod, it may write its own
+/// report and lease, and nothing else (the ValidatingAdmissionPolicy).
+#[tokio::test]
+async fn an_instance_manager_may_write_only_its_own_report_and_lease() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-own").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let (db, pods) = ("own", ns.api::<Pod>());
+    let object: MyDatabase = serde_json::from_value(json!({
+        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": db},
+        "spec": {"replicas": 2, "version": "15.2", "storage": "1Gi"}
+    }))?;
+    ns.api::<MyDatabase>().create(&PostParams::default(), &object).await?;
+    let primary = settled(&ns, db, 2).await?;
+    let replica = if primary == "own-0" { "own-1" } else { "own-0" };
+    let bound = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            bound_object_ref: Some(BoundObjectReference {
+                kind: Some("Pod".into()),
+                api_version: Some("v1".into()),
+                name: Some(replica.into()),
+                uid: pods.get(replica).await?.metadata.uid,
+            }),
+            expiration_seconds: Some(600),
+            audiences: None,
+        }),
+        ..Default::default()
+    };
+    let accounts = ns.api::<ServiceAccount>();
+    let issued = accounts.create_token_request("own-instance", &PostParams::default(), &bound).await?;
+    let token = issued.status.and_then(|s| s.token).context("no token issued")?;
+    let as_manager: Api<Pod> = Api::namespaced(cluster.client_with_token(&token)?, &ns.name);
+    let write = |pod: &'static str, patch: serde_json::Value| {
+        let as_manager = as_manager.clone();
+        async move { as_manager.patch(pod, &PatchParams::default(), &Patch::Merge(patch)).await }
+    };
+    let refused = |result: Result<Pod, kube::Error>, why: &str| match result {
+        Err(kube::Error::Api(status)) => {
+            assert!(status.message.contains(why), "refused for another reason: {}", status.message)
+        }
+        other => panic!("not refused ({why}): {other:?}"),
+    };
+    // Its own lease: allowed.
+    write(replica, json!({"metadata": {"annotations": {LEASE: "1"}}})).await?;
+    let sibling = if replica == "own-0" { "own-1" } else { "own-0" };
+    refused(write(sibling, json!({"metadata": {"annotations": {LEASE: "1"}}})).await, "only its own pod");
+    refused(
+        write(replica, json!({"metadata": {"labels": {names::ROLE_LABEL: "primary"}}})).await,
+        "may not change a pod's labels",
+    );
+    refused(
+        write(replica, json!({"metadata": {"annotations": {HOLD_STREAMING: null, UPSTREAM: "10.0.0.1"}}})).await,
+        "only its report and its lease",
+    );
+    Ok(())
 }
 
 /// SIGCONT for the frozen postmaster when dropped, whatever the test's outcome

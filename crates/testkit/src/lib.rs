@@ -83,6 +83,14 @@ impl Cluster {
         Client::try_from(config).context("cannot build an impersonating client")
     }
 
+    /// A client that presents `token` (a ServiceAccount token bound to a pod,
+    /// say) and no other credential.
+    pub fn client_with_token(&self, token: &str) -> anyhow::Result<Client> {
+        let mut config = self.config.clone();
+        config.auth_info = kube::config::AuthInfo { token: Some(token.to_string().into()), ..Default::default() };
+        Client::try_from(config).context("cannot build a client with a token")
+    }
+
     /// Creates a fresh namespace for one test whose pods go to KWOK's fake
     /// nodes: most tests are about API objects, not about running containers.
     pub async fn namespace(&self, test_name: &str) -> anyhow::Result<TestNamespace> {

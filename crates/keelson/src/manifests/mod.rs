@@ -3,6 +3,7 @@
 //! written by hand in YAML; `make manifests` writes them and a test checks the
 //! committed copies are current.
 
+pub mod admission;
 pub mod crd;
 pub mod deploy;
 pub mod rbac;
@@ -80,9 +81,17 @@ pub fn files() -> Result<Vec<(String, String)>> {
         "config/manager/kustomization.yaml".into(),
         kustomization(&["namespace.yaml", "manager.yaml", "metrics_service.yaml"], None),
     ));
+    let admission = format!(
+        "{HEADER}{}{}",
+        to_yaml(&admission::instance_policy())?,
+        to_yaml(&admission::instance_policy_binding())?
+    );
+    files.push(("config/admission/instance_policy.yaml".into(), admission.clone()));
+    files.push(("config/admission/kustomization.yaml".into(), kustomization(&["instance_policy.yaml"], None)));
+    files.push(("charts/keelson/templates/instance-policy.yaml".into(), admission));
     files.push((
         "config/default/kustomization.yaml".into(),
-        kustomization(&["../crd", "../rbac", "../manager"], Some(deploy::NAMESPACE)),
+        kustomization(&["../crd", "../rbac", "../admission", "../manager"], Some(deploy::NAMESPACE)),
     ));
     files.push((
         "charts/keelson/templates/clusterrole.yaml".into(),
@@ -104,5 +113,7 @@ pub fn chart_objects() -> Result<Vec<serde_json::Value>> {
         to_value(serde_json::to_value(deploy::leader_election_role_binding()))?,
         to_value(serde_json::to_value(deploy::manager_deployment()))?,
         to_value(serde_json::to_value(deploy::metrics_service()))?,
+        to_value(serde_json::to_value(admission::instance_policy()))?,
+        to_value(serde_json::to_value(admission::instance_policy_binding()))?,
     ])
 }

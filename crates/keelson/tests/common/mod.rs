@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -68,6 +69,18 @@ pub async fn install(cluster: &Cluster) -> anyhow::Result<()> {
         .patch(manifests::rbac::CLUSTER_ROLE_NAME, &params, &Patch::Apply(&role))
         .await
         .context("install ClusterRole")?;
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(cluster.client.clone());
+    let policy = manifests::admission::instance_policy();
+    policies
+        .patch(manifests::admission::POLICY_NAME, &params, &Patch::Apply(&policy))
+        .await
+        .context("install policy")?;
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(cluster.client.clone());
+    let binding = manifests::admission::instance_policy_binding();
+    bindings
+        .patch(manifests::admission::POLICY_NAME, &params, &Patch::Apply(&binding))
+        .await
+        .context("install policy binding")?;
     Ok(())
 }
 
