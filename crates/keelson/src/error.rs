@@ -59,6 +59,11 @@ impl Error {
     pub fn is_conflict(&self) -> bool {
         self.metric_label() == "conflict"
     }
+
+    /// The object the call was about is gone.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Kube { source: kube::Error::Api(status), .. } if status.code == 404)
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -9,7 +9,9 @@
 //!   pod is recreated beside the others (no `OrderedReady` deadlock) and it
 //!   is the primary again;
 //! - the operator killed mid-failover (the replicas asked, maybe held) and
-//!   mid-switchover (the primary stepped down): the next one finishes the job.
+//!   mid-switchover (the primary stepped down): the next one finishes the job;
+//! - a database deleted (its volumes retained) while ordinal 0 lagged, then
+//!   created again: the most advanced instance is elected, not ordinal 0.
 //!
 //! Proven with SQL: nothing acknowledged is lost, no old primary acknowledged
 //! after the new one, the old primary is back as a streaming replica.
@@ -21,7 +23,7 @@ use common::TestOperator;
 use common::clients::{
     CLIENT_NODE, SESSION_WRITER, acknowledged, acknowledging_servers, client, ended, now_ms, sql_in,
 };
-use common::faults::{postmaster_pid, signal};
+use common::faults::{postmaster_pid, signal, walreceiver_pid};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -86,18 +88,28 @@ async fn writes_flow(ns: &TestNamespace, since: u128) -> anyhow::Result<()> {
 /// and, for each move of the primary (its old address, and when it began), no acknowledgement
 /// came from the old address after one came from another server.
 async fn nothing_lost(ns: &TestNamespace, primary: &str, moves: &[(&str, u128)]) -> anyhow::Result<()> {
+    let logs = stopped_session(ns).await?;
+    kept(ns, primary, &logs, moves)
+}
+
+/// Stops the session; its logs.
+async fn stopped_session(ns: &TestNamespace) -> anyhow::Result<String> {
     eventually(DEFAULT_TIMEOUT, "the session to be told to stop", || async {
         kubectl(&["-n", &ns.name, "exec", "session", "--", "touch", "/tmp/stop"]).is_ok()
     })
     .await?;
-    let logs = ended(ns, "session").await?;
-    let acked = acknowledged(&logs);
+    ended(ns, "session").await
+}
+
+/// The property, on the logs of a stopped session (see `nothing_lost`).
+fn kept(ns: &TestNamespace, primary: &str, logs: &str, moves: &[(&str, u128)]) -> anyhow::Result<()> {
+    let acked = acknowledged(logs);
     assert!(acked.len() >= 40, "too few writes to prove anything: {}", acked.len());
     let stored: std::collections::BTreeSet<u64> =
         sql_in(ns, primary, "SELECT id FROM acked_session")?.lines().filter_map(|l| l.parse().ok()).collect();
     let lost: Vec<u64> = acked.iter().map(|(id, _)| *id).filter(|id| !stored.contains(id)).collect();
     assert!(lost.is_empty(), "{} acknowledged commits lost: {lost:?}", lost.len());
-    let servers = acknowledging_servers(&logs);
+    let servers = acknowledging_servers(logs);
     for (old_ip, since) in moves {
         let after: Vec<&(u128, String)> = servers.iter().filter(|(t, _)| t > since).collect();
         if let Some(first_new) = after.iter().find(|(_, server)| server != old_ip).map(|(t, _)| *t) {
@@ -338,13 +350,63 @@ async fn an_instance_manager_may_write_only_its_own_report_and_lease() -> anyhow
     Ok(())
 }
 
+#[tokio::test]
+async fn a_database_re_created_over_its_volumes_elects_the_most_advanced_instance() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-again").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let (db, pods, dbs) = ("again", ns.api::<Pod>(), ns.api::<MyDatabase>());
+    let mut primary = create(&ns, db, 3).await?;
+    if primary == "again-0" {
+        kubectl(&["-n", &ns.name, "annotate", "mydatabase", db, &format!("{SWITCHOVER_ANNOTATION}=again-1")])?;
+        eventually(DEFAULT_TIMEOUT, "the switchover to again-1", || async {
+            primary_of(&dbs, db).await.as_deref() == Some("again-1")
+        })
+        .await?;
+        primary = settled(&ns, db, 3).await?;
+    }
+    writes_flow(&ns, now_ms()).await?;
+    // Ordinal 0 falls behind: its WAL receiver frozen, it confirms and receives nothing more.
+    let pid = walreceiver_pid(&pods.get("again-0").await?)?;
+    signal(pid, "-STOP")?;
+    let thawed = scopeguard(pid);
+    writes_flow(&ns, now_ms()).await?;
+    let lag = sql_in(
+        &ns,
+        &primary,
+        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn) > 0 FROM pg_stat_replication \
+         WHERE application_name = 'again-0'",
+    )?;
+    assert_eq!(lag, "t", "again-0 did not fall behind");
+    // The session stops first: the `-rw` address it holds goes with the Service.
+    let logs = stopped_session(&ns).await?;
+    // Deleted (volumes and credentials retained), then created again.
+    dbs.delete(db, &DeleteParams::default()).await?;
+    testkit::wait_for_deletion(&dbs, db, "the MyDatabase to be deleted", DEFAULT_TIMEOUT).await?;
+    for n in 0..3 {
+        testkit::wait_for_deletion(&pods, &format!("{db}-{n}"), "its pods to be gone", DEFAULT_TIMEOUT).await?;
+    }
+    drop(thawed);
+    let object: MyDatabase = serde_json::from_value(json!({
+        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": db},
+        "spec": {"replicas": 3, "version": "15.2", "storage": "1Gi"}
+    }))?;
+    dbs.create(&PostParams::default(), &object).await?;
+    let elected = settled(&ns, db, 3).await?;
+    assert_ne!(elected, "again-0", "the lagging ordinal 0 was made the primary");
+    let record = dbs.get(db).await?.status.and_then(|s| s.last_failover).context("no election record")?;
+    assert_eq!((record.kind.as_str(), record.positions.len()), ("Election", 3), "{record:?}");
+    kept(&ns, &elected, &logs, &[])
+}
+
 /// SIGCONT for the frozen postmaster when dropped, whatever the test's outcome
 /// (the liveness probe may have restarted its container by then: no error).
 fn scopeguard(pid: u32) -> impl Drop {
     struct Thaw(u32);
     impl Drop for Thaw {
         fn drop(&mut self) {
-            let _ = signal(self.0, "-CONT");
+            let mut resume = std::process::Command::new("kill");
+            let _ = resume.args(["-CONT", &self.0.to_string()]).stderr(std::process::Stdio::null()).status();
         }
     }
     Thaw(pid)

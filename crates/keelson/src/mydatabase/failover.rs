@@ -197,11 +197,29 @@ pub struct Situation<'a> {
     /// last acknowledged commit, so each must give a final position, even one
     /// that is down now (it answers once it runs again), unless forced.
     pub standbys: &'a [String],
+    /// No primary was ever recorded for this MyDatabase, but volumes from
+    /// before it hold data (it was re-created over Retained volumes): the
+    /// most advanced of them becomes the primary, as in a failover, and each
+    /// instance in `standbys` (those volumes) must answer.
+    pub bootstrap: bool,
 }
 
+/// Why a re-created database elects its primary.
+pub const BOOTSTRAP: &str = "no primary on record, and volumes from before this MyDatabase hold data";
+
 pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
-    let Situation { asked, stepping_down, prefer, waited_enough, forced, chosen_uid, lease_expired, now, standbys } =
-        *situation;
+    let Situation {
+        asked,
+        stepping_down,
+        prefer,
+        waited_enough,
+        forced,
+        chosen_uid,
+        lease_expired,
+        now,
+        standbys,
+        bootstrap,
+    } = *situation;
     let current = pods.iter().find(|p| p.name_any() == primary);
     // A pod of that name without the role is a new one (the StatefulSet
     // replaced the primary's pod, or the database is starting): it serves
@@ -216,14 +234,16 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
             LEASE_EXPIRES_AFTER.as_secs()
         )
     });
-    let Some(why) = stepped_down.or_else(|| lost(current, now)).or(unlabelled).or(expired) else {
+    let elect = bootstrap.then(|| BOOTSTRAP.to_string());
+    let Some(why) = elect.or(stepped_down).or_else(|| lost(current, now)).or(unlabelled).or(expired) else {
         if let Some(why) = stopping(current) {
             return Decision::AwaitStop { primary: primary.to_string(), why };
         }
         return Decision::Keep(primary.to_string());
     };
     let candidates = candidates(primary, pods);
-    if candidates.is_empty() {
+    // Electing, nobody runs before it is asked (and held): ask rather than give up.
+    if candidates.is_empty() && !bootstrap {
         return Decision::NoCandidate { lost: primary.to_string(), why };
     }
     // Who must give a final position: every replica that could take over,
@@ -663,6 +683,38 @@ mod tests {
         assert!(matches!(
             decide("db-0", &[stopped, older], &waited),
             Decision::Blocked { ref waiting_for, .. } if waiting_for == &["db-1"]
+        ));
+    }
+
+    #[test]
+    fn a_re_created_database_elects_the_most_advanced_of_its_retained_instances() {
+        let retained = ["db-0".to_string(), "db-1".to_string(), "db-2".to_string()];
+        let electing = Situation { bootstrap: true, standbys: &retained, ..Default::default() };
+        // Nothing runs before it is asked and held: every instance with a volume is asked, none given up on.
+        let silent: Vec<Pod> = retained
+            .iter()
+            .map(|name| {
+                let mut pod = pod(name, Role::Replica, "0/0", None);
+                pod.metadata.annotations = None;
+                pod
+            })
+            .collect();
+        assert!(matches!(
+            decide("", &silent, &electing),
+            Decision::AskPositions { ref ask, ref why, .. } if ask.len() == 3 && why == BOOTSTRAP
+        ));
+        let answered = [
+            pod("db-0", Role::Replica, "0/500", Some("t1")),
+            pod("db-1", Role::Replica, "0/900", Some("t1")),
+            pod("db-2", Role::Replica, "0/700", Some("t1")),
+        ];
+        let asked = Situation { asked: Some("t1"), ..electing };
+        assert!(matches!(decide("", &answered, &asked), Decision::Promote(ref p) if p.to == "db-1"));
+        // One of them silent: no election without it.
+        let waited = Situation { waited_enough: true, ..asked };
+        assert!(matches!(
+            decide("", &answered[..2], &waited),
+            Decision::Blocked { ref waiting_for, .. } if waiting_for == &["db-2"]
         ));
     }
 

@@ -215,7 +215,8 @@ impl Reconciler for MyDatabaseReconciler {
             statefulset,
             backups_claim,
             backup_cron_job,
-            primary: Some(primary),
+            // None while a re-created database elects its primary.
+            primary: Some(primary).filter(|primary| !primary.is_empty()),
             failover_pending,
             failover,
             failover_blocked,
@@ -344,17 +345,28 @@ impl MyDatabaseReconciler {
     async fn elect_primary(&self, db: &MyDatabase, observed: &Observed, applier: &Applier<'_>) -> (String, bool) {
         let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
         let state = self.state(db);
-        let status_primary = db.status.as_ref().and_then(|s| s.current_primary.as_deref());
-        let recorded = state
-            .chosen
-            .clone()
-            .unwrap_or_else(|| failover::recorded_primary(&observed.pods, status_primary, &names::statefulset(db)));
+        let status_primary =
+            db.status.as_ref().and_then(|s| s.current_primary.as_deref()).filter(|primary| !primary.is_empty());
+        // Re-created over Retained volumes: no primary on record, data from before. Elect one.
+        let retained = retained_instances(db, observed);
+        let bootstrap = state.chosen.is_none()
+            && status_primary.is_none()
+            && !retained.is_empty()
+            && !observed
+                .pods
+                .iter()
+                .any(|p| p.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(services::PRIMARY));
+        let recorded = match (&state.chosen, bootstrap) {
+            (Some(chosen), _) => chosen.clone(),
+            (None, true) => String::new(),
+            (None, false) => failover::recorded_primary(&observed.pods, status_primary, &names::statefulset(db)),
+        };
         let lease_unrenewed = self.lease_unrenewed(db, &recorded, &observed.pods);
         let pending = state.pending.as_ref();
         let waited = pending.and_then(|p| p.held_at).is_some_and(|held| held.elapsed() >= POSITION_WAIT);
         let switchover = pending.and_then(|p| p.switchover.as_ref());
         let forced = db.annotations().contains_key(FORCE_FAILOVER_ANNOTATION);
-        let standbys = failover::synchronous_standbys(db, &recorded);
+        let standbys = if bootstrap { retained } else { failover::synchronous_standbys(db, &recorded) };
         let situation = failover::Situation {
             asked: pending.map(|p| p.token.as_str()),
             stepping_down: switchover.map(|s| s.why.as_str()),
@@ -365,6 +377,7 @@ impl MyDatabaseReconciler {
             lease_expired: lease_unrenewed.is_some_and(|unrenewed| unrenewed >= LEASE_EXPIRES_AFTER),
             now: Some(k8s_openapi::jiff::Timestamp::now()),
             standbys: &standbys,
+            bootstrap,
         };
         match failover::decide(&recorded, &observed.pods, &situation) {
             Decision::Keep(primary) => {
@@ -405,6 +418,11 @@ impl MyDatabaseReconciler {
                     tracing::warn!(namespace, name, primary = lost, why, replicas = ?ask, "primary lost; asking the replicas for their positions");
                     fence_unresponsive(db, &observed.pods, &lost, applier).await;
                     let mut pending = ask_positions(&lost, &why, &ask, None, applier).await;
+                    if bootstrap {
+                        // Nobody serves, nobody may stream: held from the start, each gives its position.
+                        resend(&observed.pods, &ask, &pending.token, true, applier).await;
+                        pending.held_at = Some(Instant::now());
+                    }
                     // Cut off, it stopped taking writes before its lease expired.
                     if situation.lease_expired
                         && let Some(unrenewed) = lease_unrenewed
@@ -477,16 +495,24 @@ impl MyDatabaseReconciler {
                     promotion.positions.iter().map(|(pod, lsn)| format!("{pod} at {lsn}")).collect();
                 let (kind, event_type) = match switchover {
                     Some(_) => ("Switchover", EventType::Normal),
+                    None if bootstrap => ("Election", EventType::Normal),
                     None => ("Failover", EventType::Warning),
                 };
-                let mut note = format!(
-                    "{}: primary {} ({}); promoted {}, the replica that received the most WAL ({})",
-                    kind.to_lowercase(),
-                    promotion.from,
-                    why,
-                    promotion.to,
-                    positions.join(", ")
-                );
+                let mut note = match bootstrap {
+                    true => format!(
+                        "election: {why}; promoted {}, the instance with the most WAL ({})",
+                        promotion.to,
+                        positions.join(", ")
+                    ),
+                    false => format!(
+                        "{}: primary {} ({}); promoted {}, the replica that received the most WAL ({})",
+                        kind.to_lowercase(),
+                        promotion.from,
+                        why,
+                        promotion.to,
+                        positions.join(", ")
+                    ),
+                };
                 if forced && state.blocked.is_some() {
                     note.push_str(&format!(
                         "; forced by {FORCE_FAILOVER_ANNOTATION}: replicas that did not answer may have held \
@@ -635,6 +661,22 @@ impl MyDatabaseReconciler {
         self.update_state(db, |state| state.pending = Some(pending));
         true
     }
+}
+
+/// The instances whose data volumes are older than `db` itself: it was
+/// re-created over volumes a former MyDatabase of that name retained.
+fn retained_instances(db: &MyDatabase, observed: &Observed) -> Vec<String> {
+    let Some(created) = db.metadata.creation_timestamp.as_ref() else { return Vec::new() };
+    let instances = names::instance_pods(db);
+    let mut retained: Vec<String> = observed
+        .data_claims
+        .iter()
+        .filter(|claim| claim.metadata.creation_timestamp.as_ref().is_some_and(|at| at.0 < created.0))
+        .filter_map(|claim| claim.name_any().strip_prefix("data-").map(str::to_string))
+        .filter(|pod| instances.contains(pod))
+        .collect();
+    retained.sort();
+    retained
 }
 
 /// A primary that stopped answering may answer again (a frozen process, a

@@ -208,8 +208,12 @@ async fn delete<R: Reconciler>(reconciler: &R, object: &R::Object, api: &Api<R::
         { "op": "test", "path": format!("/metadata/finalizers/{position}"), "value": finalizer },
         { "op": "remove", "path": format!("/metadata/finalizers/{position}") },
     ]);
-    patch_json(api, object, patch, "remove finalizer").await?;
-    Ok(Action::await_change())
+    match patch_json(api, object, patch, "remove finalizer").await {
+        // Gone already: an earlier pass released it before the cache caught up.
+        Err(error) if error.is_not_found() => Ok(Action::await_change()),
+        Err(error) => Err(error),
+        Ok(()) => Ok(Action::await_change()),
+    }
 }
 
 async fn add_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<()>

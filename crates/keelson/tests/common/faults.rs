@@ -7,6 +7,15 @@ use k8s_openapi::api::core::v1::Pod;
 /// processes are this machine's): its cgroup names the pod, its command line
 /// carries `cluster_name` (keelson-postgres.sh starts it so).
 pub fn postmaster_pid(pod: &Pod) -> anyhow::Result<u32> {
+    process_pid(pod, |arg| arg.starts_with(b"cluster_name="), "postmaster")
+}
+
+/// The host pid of the WAL receiver in `pod` (its process title names it).
+pub fn walreceiver_pid(pod: &Pod) -> anyhow::Result<u32> {
+    process_pid(pod, |arg| arg.windows(11).any(|w| w == b"walreceiver"), "WAL receiver")
+}
+
+fn process_pid(pod: &Pod, marks: impl Fn(&[u8]) -> bool, what: &str) -> anyhow::Result<u32> {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let in_pod = |pid: &str| {
         std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&format!("pod{uid}")))
@@ -15,12 +24,11 @@ pub fn postmaster_pid(pod: &Pod) -> anyhow::Result<u32> {
         let pid = entry.file_name().to_string_lossy().to_string();
         let Ok(number) = pid.parse::<u32>() else { continue };
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let postmaster = cmdline.split(|b| *b == 0).any(|arg| arg.starts_with(b"cluster_name="));
-        if postmaster && in_pod(&pid) {
+        if cmdline.split(|b| *b == 0).any(&marks) && in_pod(&pid) {
             return Ok(number);
         }
     }
-    anyhow::bail!("no postmaster of pod {uid} among this machine's processes")
+    anyhow::bail!("no {what} of pod {uid} among this machine's processes")
 }
 
 /// `kill SIGNAL pid`, e.g. `-STOP`.

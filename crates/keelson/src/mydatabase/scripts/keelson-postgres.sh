@@ -293,9 +293,12 @@ prepare_for_role() {
   log "role: $role"
   if [[ "$role" == replica && -s "$ORDERS_DIR/hold" ]]; then
     # Held for a failover: no clone, rewind or streaming while the old primary
-    # may still run. A replica's data starts without an upstream, to give its
-    # final position; anything else waits until the hold is lifted.
-    if [[ -s "$PGDATA/PG_VERSION" && -f "$PGDATA/standby.signal" && ! -f "$(rewind_flag)" ]]; then
+    # may still run. Data starts without an upstream, to give its final
+    # position; an empty volume waits until the hold is lifted.
+    if [[ -s "$PGDATA/PG_VERSION" && ! -f "$(rewind_flag)" ]]; then
+      # A former primary's data too (a database re-created over its volumes): as a standby it
+      # replays what it has and stops there; chosen, it is promoted (a new timeline), else rewound.
+      touch "$PGDATA/standby.signal"
       [[ ! -f "$PGDATA/postgresql.auto.conf" ]] || sed -i '/^primary_conninfo/d' "$PGDATA/postgresql.auto.conf"
     else
       until [[ ! -s "$ORDERS_DIR/hold" ]]; do
