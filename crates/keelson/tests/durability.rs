@@ -191,16 +191,20 @@ async fn a_failover_waits_for_a_synchronous_standby_that_does_not_answer() -> an
     let events =
         kubectl(&["-n", &ns.name, "get", "events", "--field-selector", "reason=FailoverBlocked", "-o", "name"])?;
     assert!(!events.trim().is_empty(), "no FailoverBlocked Event");
-    // Answering again, it is heard: the most advanced of the two is promoted.
+    // Answering again, it is heard. The most advanced of the two is promoted, or, if the lost
+    // primary's own pod came back first while no replica could take over (one frozen, the other
+    // slow to answer under load), that pod serves its own data again: either way, no replica
+    // was promoted without both standbys' positions, and nothing is lost.
     drop(thawed);
-    eventually(DEFAULT_TIMEOUT, "a replica to be promoted", || async {
-        primary_of(&dbs, db).await.is_some_and(|p| p != primary)
-    })
-    .await?;
-    let record = dbs.get(db).await?.status.and_then(|s| s.last_failover).context("no failover record")?;
-    assert_eq!(record.positions.len(), 2, "both standbys gave their positions: {record:?}");
     let new_primary = settled(&ns, db, 3).await?;
-    assert_eq!(sql_in(&ns, &primary, "SELECT pg_is_in_recovery()")?, "t");
+    let record = dbs.get(db).await?.status.and_then(|s| s.last_failover);
+    if new_primary != primary {
+        let record = record.context("a replica was promoted without a record")?;
+        assert_eq!(record.positions.len(), 2, "promoted without both standbys' positions: {record:?}");
+        assert_eq!(sql_in(&ns, &primary, "SELECT pg_is_in_recovery()")?, "t");
+    } else {
+        assert!(record.is_none(), "a failover was recorded, yet the lost primary serves: {record:?}");
+    }
     nothing_lost(&ns, &new_primary, &[(&old_ip, at)]).await
 }
 
@@ -347,6 +351,7 @@ async fn an_instance_manager_may_write_only_its_own_report_and_lease() -> anyhow
         write(replica, json!({"metadata": {"annotations": {HOLD_STREAMING: null, UPSTREAM: "10.0.0.1"}}})).await,
         "only its report and its lease",
     );
+    refused(write(replica, json!({"metadata": {"finalizers": ["example.com/stuck"]}})).await, "finalizers or owners");
     Ok(())
 }
 
@@ -371,13 +376,14 @@ async fn a_database_re_created_over_its_volumes_elects_the_most_advanced_instanc
     signal(pid, "-STOP")?;
     let thawed = scopeguard(pid);
     writes_flow(&ns, now_ms()).await?;
-    let lag = sql_in(
+    // Behind: its stream gone (timed out), or its flushed position short of the primary's.
+    let behind = sql_in(
         &ns,
         &primary,
-        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn) > 0 FROM pg_stat_replication \
-         WHERE application_name = 'again-0'",
+        "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_replication \
+         WHERE application_name = 'again-0' AND flush_lsn >= pg_current_wal_lsn())",
     )?;
-    assert_eq!(lag, "t", "again-0 did not fall behind");
+    assert_eq!(behind, "t", "again-0 did not fall behind");
     // The session stops first: the `-rw` address it holds goes with the Service.
     let logs = stopped_session(&ns).await?;
     // Deleted (volumes and credentials retained), then created again.

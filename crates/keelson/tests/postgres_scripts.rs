@@ -172,14 +172,18 @@ fn backup_restores_to_identical_data_and_a_failed_backup_exits_non_zero() -> any
     check(run(&script, &["restore", &backups.join(&files[0]).to_string_lossy()], &env)?, "restore")?;
     assert_eq!(fingerprint(&server)?, seeded, "restored data differs from the backup");
 
-    // A backup that cannot log in fails loudly and leaves no backup behind.
+    // A backup that cannot log in fails loudly and leaves no backup behind; expired backups
+    // are pruned all the same (a full volume must not stop the next backup for good).
+    let expired = backups.join("app-20200101T000000Z.dump");
+    std::fs::write(&expired, "an old dump")?;
+    postgres::chown_postgres(&expired)?;
     let mut bad = env.clone();
     bad.retain(|(k, _)| *k != "APP_PASSWORD");
     bad.push(("APP_PASSWORD", "wrong".into()));
     let failed = run(&script, &["backup"], &bad)?;
     assert!(!failed.status.success(), "a backup with a wrong password succeeded");
     assert!(String::from_utf8_lossy(&failed.stderr).contains("backup FAILED"));
-    assert_eq!(dumps(&backups), files, "a failed backup left a file");
+    assert_eq!(dumps(&backups), files, "a failed backup left a file, or kept an expired one");
     Ok(())
 }
 

@@ -99,12 +99,13 @@ pub struct RunArgs {
 /// The hold and the upstream are written empty when the operator removed them.
 fn write_orders(dir: &Path, pod: &Pod) -> Result<(), InstanceError> {
     let none = String::new();
+    // The upstream before the hold (a lifted hold is never read with the old primary's address),
+    // and the hold before the role (a held replica never starts as an unheld one).
     let orders = [
-        ("role", pod.labels().get(ROLE_LABEL)),
-        ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS)),
-        // The upstream before the hold: a lifted hold must never be read with the old primary's address.
         ("upstream", Some(pod.annotations().get(UPSTREAM).unwrap_or(&none))),
         ("hold", Some(pod.annotations().get(HOLD_STREAMING).unwrap_or(&none))),
+        ("role", pod.labels().get(ROLE_LABEL)),
+        ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS)),
     ];
     for (file, value) in orders {
         let Some(value) = value else { continue };
@@ -238,7 +239,6 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
     let _fence = AbortOnDrop(fence);
     let mut renew_failed_at: Option<Instant> = None;
     let params = PatchParams::apply(FIELD_MANAGER);
-    let mut acknowledged = String::new();
     let mut looked = tokio::time::Instant::now();
     loop {
         // Events on the pod do not put the next look off.
@@ -299,8 +299,10 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                 }
             }
         }
-        // A new start of PostgreSQL's container waits for its orders to be read anew.
+        // A new start of PostgreSQL's container (or of its server, after a fence: the script
+        // removes the acknowledgement) waits for its orders to be read anew.
         let boot = std::fs::read_to_string(Path::new(&server.socket_dir).join(BOOT_FILE)).unwrap_or_default();
+        let acknowledged = std::fs::read_to_string(args.orders_dir.join("ack")).unwrap_or_default();
         if !boot.is_empty() && boot != acknowledged {
             // A list by name: the Role grants list and watch, not get.
             let by_name = kube::api::ListParams::default().fields(&format!("metadata.name={pod}"));
@@ -311,7 +313,6 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                     };
                     seen_orders = take_orders(&args.orders_dir, own)?;
                     write_order(&args.orders_dir, "ack", &boot)?;
-                    acknowledged = boot;
                 }
                 Ok(Err(error)) => tracing::warn!(namespace, pod, %error, "cannot read this pod"),
                 Err(_) => tracing::warn!(namespace, pod, "cannot read this pod: no answer within {LOOK_TIMEOUT:?}"),

@@ -74,6 +74,12 @@ pub fn instance_policy() -> ValidatingAdmissionPolicy {
                     ),
                     "an instance manager may change only its report and its lease annotations",
                 ),
+                validation(
+                    "object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([]) && \
+                     object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([])"
+                        .into(),
+                    "an instance manager may not change a pod's finalizers or owners",
+                ),
                 validation("object.spec == oldObject.spec".into(), "an instance manager may not change a pod's spec"),
             ]),
             ..Default::default()

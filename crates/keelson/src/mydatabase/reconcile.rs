@@ -62,6 +62,8 @@ pub struct PrimaryState {
     blocked: Option<String>,
     /// The primary's lease as last seen moving: its pod, its count, and when.
     lease_seen: Option<(String, String, Instant)>,
+    /// The replicas seen streaming from the chosen primary (its reports), for the quorum.
+    streamed: std::collections::BTreeSet<String>,
 }
 
 /// A failover or switchover waiting for the replicas' positions.
@@ -366,7 +368,16 @@ impl MyDatabaseReconciler {
         let waited = pending.and_then(|p| p.held_at).is_some_and(|held| held.elapsed() >= POSITION_WAIT);
         let switchover = pending.and_then(|p| p.switchover.as_ref());
         let forced = db.annotations().contains_key(FORCE_FAILOVER_ANNOTATION);
-        let standbys = if bootstrap { retained } else { failover::synchronous_standbys(db, &recorded) };
+        // Standbys that could have confirmed a commit: seen streaming from this primary, or whose
+        // server ran (a report). One still cloning, or never started, confirmed nothing.
+        let confirmed = |name: &String| {
+            state.streamed.contains(name)
+                || observed.pods.iter().any(|p| p.name_any() == *name && instances::report(p).is_some())
+        };
+        let standbys = match bootstrap {
+            true => retained,
+            false => failover::synchronous_standbys(db, &recorded).into_iter().filter(confirmed).collect(),
+        };
         let situation = failover::Situation {
             asked: pending.map(|p| p.token.as_str()),
             stepping_down: switchover.map(|s| s.why.as_str()),
@@ -383,7 +394,18 @@ impl MyDatabaseReconciler {
             Decision::Keep(primary) => {
                 let serving = observed.pods.iter().find(|p| p.name_any() == primary).and_then(instances::report);
                 let serving = serving.is_some_and(|r| r.role == Role::Primary && !r.unresponsive);
+                let streaming: Vec<String> = observed
+                    .pods
+                    .iter()
+                    .find(|p| p.name_any() == primary)
+                    .and_then(instances::report)
+                    .map(|r| r.replicas.into_iter().filter(|r| r.state == "streaming").map(|r| r.name).collect())
+                    .unwrap_or_default();
                 self.update_state(db, |state| {
+                    if state.chosen.as_ref() != Some(&primary) {
+                        state.streamed.clear();
+                    }
+                    state.streamed.extend(streaming);
                     state.chosen_uid = uid_of(&observed.pods, &primary).or(state.chosen_uid.take());
                     state.chosen = Some(primary.clone());
                     state.pending = None;
@@ -542,6 +564,7 @@ impl MyDatabaseReconciler {
                     ..Default::default()
                 };
                 self.update_state(db, |state| {
+                    state.streamed.clear();
                     state.chosen_uid = uid_of(&observed.pods, &promotion.to);
                     state.chosen = Some(promotion.to.clone());
                     state.pending = None;

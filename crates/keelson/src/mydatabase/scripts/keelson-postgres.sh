@@ -393,6 +393,14 @@ manager_silent() {
   (( $(date +%s) - written > ${MANAGER_SILENT_SECONDS:-5} ))
 }
 
+# Stops a fenced server. Its orders may be stale by the time it may run again (another
+# instance promoted meanwhile): the acknowledgement goes, so that it starts only once the
+# manager has read the pod anew (which a manager still cut off cannot do).
+fence_server() {
+  rm -f "$ORDERS_DIR/ack"
+  restart_server
+}
+
 # The operator's later orders, once PostgreSQL runs: promote a replica chosen
 # as primary; stop a primary that was stepped down (`start` rejoins it as a
 # replica: never two primaries); set the
@@ -409,7 +417,7 @@ follow_orders() {
   # The fence first, before any SQL: a server too busy or stuck to answer must stop all the same.
   if [[ -s "$ORDERS_DIR/fence" ]] && "$(bin pg_ctl)" -D "$PGDATA" status >/dev/null 2>&1; then
     log "fenced: $(cat "$ORDERS_DIR/fence"); stopping until the lease is renewed"
-    restart_server
+    fence_server
     return 0
   fi
   # One look at the server answers every question below.
@@ -421,11 +429,11 @@ follow_orders() {
       (SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming')" 2>/dev/null)" || return 0
   IFS='|' read -r in_recovery streaming current upstream host senders <<<"$state"
   rm -f "$(starting_marker)"
-  # A primary with standbys named, none streaming from it, and its manager silent: the
-  # manager's fence could not come, so it stops (as when fenced) until the manager is back.
-  if [[ "$in_recovery" == f && -s "$ORDERS_DIR/synchronous-standbys" && "$senders" == 0 ]] && manager_silent; then
+  # A primary with no replica streaming from it and its manager silent: the manager's
+  # fence could not come, so it stops (as when fenced) until the manager is back.
+  if [[ "$in_recovery" == f && "$senders" == 0 ]] && manager_silent; then
     log "fenced: the instance manager has not been heard from for over ${MANAGER_SILENT_SECONDS:-5}s; stopping until it is back"
-    restart_server
+    fence_server
     return 0
   fi
   STREAMING="$streaming" IN_RECOVERY="$in_recovery" HOLDING=""
@@ -622,6 +630,11 @@ prune() {
 # verified by reading its table of contents) from a replica where one answers
 # ($BACKUP_SOURCE_HOST), else from the primary. Its name and size go to the
 # pod's termination message, where the operator reads them for status.
+# pg_dump -Fc of $APP_DB from HOST into FILE.
+dump_to() {
+  PGPASSWORD="$APP_PASSWORD" "$(bin pg_dump)" -h "$1" -p "$PRIMARY_PORT" -U "$APP_USER" -d "$APP_DB" -Fc -f "$2"
+}
+
 backup() {
   need PRIMARY_HOST; need APP_PASSWORD; need RETENTION
   retention_seconds "$RETENTION" >/dev/null
@@ -632,13 +645,20 @@ backup() {
   if [[ -n "${BACKUP_SOURCE_HOST:-}" ]] && "$(bin pg_isready)" -q -t 5 -h "$BACKUP_SOURCE_HOST" -p "$PRIMARY_PORT"; then
     source="$BACKUP_SOURCE_HOST"
   fi
+  # Expired backups go first: a full volume must not keep the next backup from being taken.
+  prune
   log "backing up $APP_DB from $source:$PRIMARY_PORT to $target"
   # Written under a temporary name: a failed or unreadable dump never counts as a backup.
-  if ! PGPASSWORD="$APP_PASSWORD" "$(bin pg_dump)" -h "$source" -p "$PRIMARY_PORT" -U "$APP_USER" \
-      -d "$APP_DB" -Fc -f "$target.partial"; then
+  if ! dump_to "$source" "$target.partial"; then
     rm -f "$target.partial"
-    log "backup FAILED"
-    exit 1
+    if [[ "$source" == "$PRIMARY_HOST" ]]; then log "backup FAILED"; exit 1; fi
+    # A busy standby cancels a long dump when replay conflicts with it: the primary then.
+    log "the dump from the replica $source failed; backing up from the primary $PRIMARY_HOST"
+    if ! dump_to "$PRIMARY_HOST" "$target.partial"; then
+      rm -f "$target.partial"
+      log "backup FAILED"
+      exit 1
+    fi
   fi
   if ! "$(bin pg_restore)" --list "$target.partial" >/dev/null; then
     rm -f "$target.partial"
