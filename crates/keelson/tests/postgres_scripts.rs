@@ -40,6 +40,16 @@ fn run(
     as_postgres(script, args, env)
 }
 
+/// Polls `done` until it holds (a minute at most).
+fn until(what: &str, done: &dyn Fn() -> anyhow::Result<bool>) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done()? {
+        anyhow::ensure!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
 fn check(output: std::process::Output, what: &str) -> anyhow::Result<()> {
     anyhow::ensure!(output.status.success(), "{what} failed: {}", String::from_utf8_lossy(&output.stderr));
     Ok(())
@@ -348,14 +358,6 @@ fn a_holding_replica_stops_streaming_and_a_synchronous_primary_then_acknowledges
         ];
         check(run(&script, &["follow-orders"], &env)?, "follow-orders")
     };
-    let until = |what: &str, done: &dyn Fn() -> anyhow::Result<bool>| -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !done()? {
-            anyhow::ensure!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(())
-    };
     let receiving = || replica.psql_superuser("postgres", "SELECT count(*) FROM pg_stat_wal_receiver");
 
     // The replica holds first; the primary's commits then wait for the standby it names.
@@ -504,14 +506,6 @@ fn start_waits_for_a_former_server_on_the_same_data_folder_to_exit() -> anyhow::
     // `-o`: the lock is flock's own, not its command's, and goes when flock is killed.
     let mut former =
         std::process::Command::new("flock").arg("-o").arg(&lock).args(["sleep", "600"]).process_group(0).spawn()?;
-    let until = |what: &str, done: &dyn Fn() -> anyhow::Result<bool>| -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !done()? {
-            anyhow::ensure!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(())
-    };
     until("the former server's lock", &held)?;
     let port = postgres::free_port()?;
     let log = scratch.path.join("start.log");
@@ -573,8 +567,8 @@ impl Drop for KillGroups {
 }
 
 /// A primary whose instance manager went silent (down or stuck: no fence
-/// could come from it), with standbys named and none streaming, stops; one
-/// whose manager is heard from keeps serving.
+/// could come from it), with no replica streaming from it, stops; one whose
+/// manager is heard from keeps serving.
 #[test]
 fn a_primary_stops_when_its_manager_is_silent_and_no_standby_streams() -> anyhow::Result<()> {
     if !postgres::available() {
