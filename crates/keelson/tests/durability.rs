@@ -61,11 +61,16 @@ async fn settled(ns: &TestNamespace, db: &str, instances: i32) -> anyhow::Result
     primary_of(&dbs, db).await.context("no primary in status")
 }
 
-async fn create(ns: &TestNamespace, db: &str, instances: i32) -> anyhow::Result<String> {
-    let object: MyDatabase = serde_json::from_value(json!({
+/// A MyDatabase of `instances` PostgreSQL 15.2 instances.
+fn database(db: &str, instances: i32) -> anyhow::Result<MyDatabase> {
+    Ok(serde_json::from_value(json!({
         "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": db},
         "spec": {"replicas": instances, "version": "15.2", "storage": "1Gi"}
-    }))?;
+    }))?)
+}
+
+async fn create(ns: &TestNamespace, db: &str, instances: i32) -> anyhow::Result<String> {
+    let object = database(db, instances)?;
     ns.api::<MyDatabase>().create(&PostParams::default(), &object).await?;
     let primary = settled(ns, db, instances).await?;
     sql_in(ns, &primary, "CREATE TABLE acked_session (id int PRIMARY KEY); GRANT ALL ON acked_session TO app")?;
@@ -203,6 +208,8 @@ async fn a_failover_waits_for_a_synchronous_standby_that_does_not_answer() -> an
         assert_eq!(record.positions.len(), 2, "promoted without both standbys' positions: {record:?}");
         assert_eq!(sql_in(&ns, &primary, "SELECT pg_is_in_recovery()")?, "t");
     }
+    // Writes go on after: enough commits on both sides of the failover to prove anything.
+    writes_flow(&ns, now_ms()).await?;
     nothing_lost(&ns, &new_primary, &[(&old_ip, at)]).await
 }
 
@@ -303,10 +310,7 @@ async fn an_instance_manager_may_write_only_its_own_report_and_lease() -> anyhow
     let ns = common::real_namespace(&cluster, "real-db-own").await?;
     let _operator = TestOperator::start(&cluster, &ns).await?;
     let (db, pods) = ("own", ns.api::<Pod>());
-    let object: MyDatabase = serde_json::from_value(json!({
-        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": db},
-        "spec": {"replicas": 2, "version": "15.2", "storage": "1Gi"}
-    }))?;
+    let object = database(db, 2)?;
     ns.api::<MyDatabase>().create(&PostParams::default(), &object).await?;
     let primary = settled(&ns, db, 2).await?;
     let replica = if primary == "own-0" { "own-1" } else { "own-0" };
@@ -398,10 +402,7 @@ async fn a_database_re_created_over_its_volumes_elects_the_most_advanced_instanc
         testkit::wait_for_deletion(&pods, &format!("{db}-{n}"), "its pods to be gone", DEFAULT_TIMEOUT).await?;
     }
     drop(thawed);
-    let object: MyDatabase = serde_json::from_value(json!({
-        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": db},
-        "spec": {"replicas": 3, "version": "15.2", "storage": "1Gi"}
-    }))?;
+    let object = database(db, 3)?;
     dbs.create(&PostParams::default(), &object).await?;
     let elected = settled(&ns, db, 3).await?;
     assert_ne!(elected, behind, "the lagging instance was made the primary");
