@@ -184,9 +184,14 @@ pub struct MyDatabaseStatus {
     /// Size in bytes of the newest successful backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup_size_bytes: Option<i64>,
-    /// The pod of the primary, as its instance manager reports it.
+    /// The pod Keelson chose as primary. A change of primary is recorded here
+    /// before any instance is told (the pods' role labels follow it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_primary: Option<String>,
+    /// The uid of that pod when it was chosen: a restarted operator tells it
+    /// from a replacement of the same name (which serves nothing yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_primary_uid: Option<String>,
     /// The PostgreSQL version the primary runs (`SHOW server_version`), next to `spec.version`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_version: Option<String>,

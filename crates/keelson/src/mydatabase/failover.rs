@@ -1,6 +1,7 @@
-//! Which pod is the primary: Keelson's choice, not an ordinal. The choice is
-//! recorded as the pods' role label (which `-rw` and `-ro` select, and which
-//! each instance manager hands to its PostgreSQL) and in `status.currentPrimary`.
+//! Which pod is the primary: Keelson's choice, not an ordinal. A new choice is
+//! recorded first in `status.currentPrimary` (with its pod's uid), then as the
+//! pods' role label (which `-rw` and `-ro` select, and which each instance
+//! manager hands to its PostgreSQL).
 //!
 //! While the primary serves, it stays. A primary whose pod is being deleted
 //! still runs until the kubelet stops it (SIGTERM: a fast shutdown that ends
@@ -77,7 +78,8 @@ pub struct Promotion {
     pub positions: Vec<(String, String)>,
 }
 
-/// The primary on record: the pod labelled so, else what status says, else ordinal 0.
+/// The primary on record when status has no uid-stamped choice (a database
+/// from before those records): the pod labelled so, else what status says, else ordinal 0.
 pub fn recorded_primary(pods: &[Pod], status_primary: Option<&str>, statefulset: &str) -> String {
     pods.iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -332,12 +334,12 @@ fn pods_running(pod: &Pod) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::instance::ANNOTATION;
     use k8s_openapi::api::core::v1::{ContainerState, ContainerStateRunning, ContainerStatus, PodStatus};
 
-    fn pod(name: &str, role: Role, received: &str, answering: Option<&str>) -> Pod {
+    pub(crate) fn pod(name: &str, role: Role, received: &str, answering: Option<&str>) -> Pod {
         let report = InstanceReport {
             role,
             server_version: "15.18".into(),
@@ -374,7 +376,7 @@ mod tests {
         assert_eq!(parse_lsn("nonsense"), None);
     }
 
-    fn labelled(mut pod: Pod, role: &str) -> Pod {
+    pub(crate) fn labelled(mut pod: Pod, role: &str) -> Pod {
         pod.metadata.labels = Some([(names::ROLE_LABEL.to_string(), role.to_string())].into());
         pod
     }

@@ -52,8 +52,9 @@ pub struct Observed {
     pub restore_source: Option<PersistentVolumeClaim>,
     pub restore_job: Option<Job>,
     pub restore_pods: Vec<Pod>,
-    /// The primary Keelson chose (set by apply).
+    /// The primary Keelson chose (set by apply), and its pod's uid when chosen.
     pub primary: Option<String>,
+    pub primary_uid: Option<String>,
     /// A failover waits for the replicas' positions (set by apply).
     pub failover_pending: bool,
     /// The newest failover this operator decided (set by apply).
@@ -115,6 +116,7 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
         restore_job: cache::get(&caches.jobs, &namespace, &names::restore_job(db)),
         restore_pods: cache::list(&caches.pods, &namespace, &names::labels(db, "restore")),
         primary: None,
+        primary_uid: None,
         failover_pending: false,
         failover: None,
         failover_blocked: None,

@@ -211,13 +211,14 @@ impl Reconciler for MyDatabaseReconciler {
         let lease_expires_in = self
             .lease_unrenewed(db, &primary, &observed.pods)
             .map(|unrenewed| LEASE_EXPIRES_AFTER.saturating_sub(unrenewed));
-        let PrimaryState { last: failover, blocked: failover_blocked, .. } = self.state(db);
+        let PrimaryState { last: failover, blocked: failover_blocked, chosen, chosen_uid, .. } = self.state(db);
         Observed {
             credentials,
             statefulset,
             backups_claim,
             backup_cron_job,
             // None while a re-created database elects its primary.
+            primary_uid: chosen_uid.filter(|_| chosen.as_deref() == Some(primary.as_str())),
             primary: Some(primary).filter(|primary| !primary.is_empty()),
             failover_pending,
             failover,
@@ -349,6 +350,9 @@ impl MyDatabaseReconciler {
         let state = self.state(db);
         let status_primary =
             db.status.as_ref().and_then(|s| s.current_primary.as_deref()).filter(|primary| !primary.is_empty());
+        // Recorded with its uid: written before any instance was told, so it outranks the labels.
+        let status_uid =
+            db.status.as_ref().and_then(|s| s.current_primary_uid.as_deref()).filter(|_| status_primary.is_some());
         // Re-created over Retained volumes: no primary on record, data from before. Elect one.
         let retained = retained_instances(db, observed);
         let bootstrap = state.chosen.is_none()
@@ -358,10 +362,17 @@ impl MyDatabaseReconciler {
                 .pods
                 .iter()
                 .any(|p| p.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(services::PRIMARY));
-        let recorded = match (&state.chosen, bootstrap) {
-            (Some(chosen), _) => chosen.clone(),
-            (None, true) => String::new(),
-            (None, false) => failover::recorded_primary(&observed.pods, status_primary, &names::statefulset(db)),
+        let recorded = match (&state.chosen, bootstrap, status_uid.and(status_primary)) {
+            (Some(chosen), _, _) => chosen.clone(),
+            (None, true, _) => String::new(),
+            (None, false, Some(recorded)) => recorded.to_string(),
+            (None, false, None) => failover::recorded_primary(&observed.pods, status_primary, &names::statefulset(db)),
+        };
+        // The pod chosen: known to this process, or recorded with the choice.
+        let chosen_uid = match &state.chosen {
+            Some(chosen) if *chosen == recorded => state.chosen_uid.as_deref(),
+            Some(_) => None,
+            None => status_uid.filter(|_| status_primary == Some(recorded.as_str())),
         };
         let lease_unrenewed = self.lease_unrenewed(db, &recorded, &observed.pods);
         let pending = state.pending.as_ref();
@@ -384,7 +395,7 @@ impl MyDatabaseReconciler {
             prefer: switchover.map(|s| s.to.as_str()),
             waited_enough: waited,
             forced,
-            chosen_uid: state.chosen.as_deref().filter(|c| *c == recorded).and(state.chosen_uid.as_deref()),
+            chosen_uid,
             lease_expired: lease_unrenewed.is_some_and(|unrenewed| unrenewed >= LEASE_EXPIRES_AFTER),
             now: Some(k8s_openapi::jiff::Timestamp::now()),
             standbys: &standbys,
@@ -544,6 +555,11 @@ impl MyDatabaseReconciler {
                 if let Some(wanted) = switchover.map(|s| &s.to).filter(|to| **to != promotion.to) {
                     note.push_str(&format!("; {wanted} had received less"));
                 }
+                // On record before any instance is told: a restarted operator carries on from it.
+                let uid = uid_of(&observed.pods, &promotion.to);
+                if !self.record_primary(db, &promotion.to, uid.as_deref()).await {
+                    return (recorded, true);
+                }
                 tracing::warn!(namespace, name, from = promotion.from, to = promotion.to, "{note}");
                 label_pods(db, &observed.pods, &promotion.to, applier).await;
                 self.ctx.event(&db.object_ref(&()), event_type, kind, "Promote", note).await;
@@ -565,7 +581,7 @@ impl MyDatabaseReconciler {
                 };
                 self.update_state(db, |state| {
                     state.streamed.clear();
-                    state.chosen_uid = uid_of(&observed.pods, &promotion.to);
+                    state.chosen_uid = uid;
                     state.chosen = Some(promotion.to.clone());
                     state.pending = None;
                     state.blocked = None;
@@ -682,6 +698,28 @@ impl MyDatabaseReconciler {
         let why = switchover.why.clone();
         let pending = ask_positions(primary, &why, &replicas, Some(switchover), applier).await;
         self.update_state(db, |state| state.pending = Some(pending));
+        true
+    }
+}
+
+impl MyDatabaseReconciler {
+    /// Writes the new primary (and its pod's uid) to `status` before any
+    /// instance is told: the one record a restarted operator, and anyone
+    /// reading the MyDatabase, goes by. False when the write failed (the
+    /// promotion waits for the next pass).
+    async fn record_primary(&self, db: &MyDatabase, primary: &str, uid: Option<&str>) -> bool {
+        let api: kube::Api<MyDatabase> =
+            kube::Api::namespaced(self.ctx.client.clone(), &db.namespace().unwrap_or_default());
+        let patch = json!({"status": {"currentPrimary": primary, "currentPrimaryUid": uid}});
+        let result = api
+            .patch_status(&db.name_any(), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .await;
+        let labels = crate::runtime::metrics::ControllerLabels { controller: CONTROLLER };
+        self.ctx.metrics.status_writes.get_or_create(&labels).inc();
+        if let Err(error) = result {
+            tracing::warn!(namespace = %db.namespace().unwrap_or_default(), name = %db.name_any(), primary, %error, "could not record the new primary; the promotion waits");
+            return false;
+        }
         true
     }
 }
@@ -908,6 +946,7 @@ mod tests {
         disruption_budgets: Vec<PodDisruptionBudget>,
         jobs: Vec<Job>,
         claims: Vec<PersistentVolumeClaim>,
+        pods: Vec<Pod>,
     }
 
     fn reconciler(client: kube::Client, cached: Cached) -> Arc<MyDatabaseReconciler> {
@@ -920,7 +959,7 @@ mod tests {
             disruption_budgets: cache(cached.disruption_budgets),
             jobs: cache(cached.jobs),
             claims: cache(cached.claims),
-            pods: cache(vec![]),
+            pods: cache(cached.pods),
             service_accounts: cache(vec![]),
             roles: cache(vec![]),
             role_bindings: cache(vec![]),
@@ -1027,6 +1066,119 @@ mod tests {
         assert_eq!(synchronous_standby_names(&db, "production-db-0"), r#"ANY 1 ("production-db-1")"#, "two: required");
         db.spec.replicas = 1;
         assert_eq!(synchronous_standby_names(&db, "production-db-0"), "", "one instance: nothing to wait for");
+    }
+
+    /// The StatefulSet of `db` as the cache holds it, and `pods` (named, with
+    /// reports) made its own, each with the uid `uid-<name>`.
+    fn instances(db: &MyDatabase, pods: Vec<Pod>) -> Cached {
+        let mut statefulset = stamped(statefulset::build(db, &crate::runtime::Settings::default()).expect("builds"));
+        statefulset.metadata.uid = Some("statefulset-uid".into());
+        let pods = pods
+            .into_iter()
+            .map(|mut pod| {
+                pod.metadata.namespace = db.namespace();
+                pod.metadata.uid = Some(format!("uid-{}", pod.name_any()));
+                let mut labels = pod.metadata.labels.take().unwrap_or_default();
+                labels.extend(names::pod_selector(db));
+                pod.metadata.labels = Some(labels);
+                pod.metadata.owner_references =
+                    Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        kind: "StatefulSet".into(),
+                        name: names::statefulset(db),
+                        uid: "statefulset-uid".into(),
+                        controller: Some(true),
+                        ..Default::default()
+                    }]);
+                pod
+            })
+            .collect();
+        Cached { statefulsets: vec![statefulset], secrets: vec![credentials(db)], pods, ..Default::default() }
+    }
+
+    /// Which request first sent `pod` its primary role label, by position.
+    fn labelled_primary_at(api: &FakeApi, pod: &str) -> Option<usize> {
+        api.requests().iter().position(|r| {
+            r.method == "PATCH"
+                && r.path.ends_with(&format!("/pods/{pod}"))
+                && r.body["metadata"]["labels"][names::ROLE_LABEL] == "primary"
+        })
+    }
+
+    #[tokio::test]
+    async fn a_promotion_is_recorded_on_the_mydatabase_before_any_pod_is_told() {
+        use crate::mydatabase::failover::tests::pod;
+        let db = held();
+        // production-db-0 is gone; both standbys hold and answered: production-db-1 received most.
+        let pods = vec![
+            pod("production-db-1", Role::Replica, "0/700", Some("t1")),
+            pod("production-db-2", Role::Replica, "0/500", Some("t1")),
+        ];
+        let pending = |reconciler: &MyDatabaseReconciler| {
+            reconciler.update_state(&db, |state| {
+                state.chosen = Some("production-db-0".into());
+                state.chosen_uid = Some("uid-production-db-0".into());
+                state.pending = Some(Pending { held_at: Some(Instant::now()), ..ask_pending("production-db-0", "t1") });
+            })
+        };
+        let (api, client) = FakeApi::new(&db);
+        let first = reconciler(client, instances(&db, pods.clone()));
+        pending(&first);
+        pipeline::reconcile(Arc::new(db.clone()), first).await.expect("reconciles");
+        let requests = api.requests();
+        let recorded = requests.iter().position(|r| {
+            r.path.ends_with("/mydatabases/production-db/status")
+                && r.body["status"]["currentPrimary"] == "production-db-1"
+                && r.body["status"]["currentPrimaryUid"] == "uid-production-db-1"
+        });
+        let labelled = labelled_primary_at(&api, "production-db-1");
+        assert!(
+            recorded.is_some() && labelled.is_some() && recorded < labelled,
+            "recorded {recorded:?}, labelled {labelled:?}"
+        );
+
+        // The record refused: no pod is told, the failover stays pending.
+        let (api, client) = FakeApi::new(&db);
+        api.refuse("PATCH", "/mydatabases/production-db/status", 500, "InternalError", "etcd is away");
+        let reconciler = reconciler(client, instances(&db, pods));
+        pending(&reconciler);
+        pipeline::reconcile(Arc::new(db.clone()), reconciler.clone()).await.ok();
+        assert_eq!(labelled_primary_at(&api, "production-db-1"), None);
+        assert!(reconciler.state(&db).pending.is_some(), "the failover waits for its record");
+    }
+
+    #[tokio::test]
+    async fn a_restarted_operator_follows_the_recorded_primary_not_a_stale_label() {
+        use crate::mydatabase::failover::tests::{labelled, pod};
+        let mut db = held();
+        // Promoted and recorded, but the label writes never landed; the operator then restarted.
+        db.status = Some(MyDatabaseStatus {
+            current_primary: Some("production-db-1".into()),
+            current_primary_uid: Some("uid-production-db-1".into()),
+            ..Default::default()
+        });
+        let pods = vec![
+            labelled(pod("production-db-0", Role::Replica, "0/500", None), "primary"),
+            pod("production-db-1", Role::Replica, "0/700", Some("t1")),
+            pod("production-db-2", Role::Replica, "0/500", Some("t1")),
+        ];
+        let (api, client) = FakeApi::new(&db);
+        pipeline::reconcile(Arc::new(db.clone()), reconciler(client, instances(&db, pods))).await.expect("reconciles");
+        assert!(labelled_primary_at(&api, "production-db-1").is_some(), "the recorded primary gets its label");
+        let asked = api.requests().iter().any(|r| r.body.to_string().contains(POSITION_REQUEST));
+        assert!(!asked, "no second failover: the recorded pod is the one chosen, not a replacement");
+    }
+
+    fn ask_pending(lost: &str, token: &str) -> Pending {
+        Pending {
+            token: token.into(),
+            asked_at: Instant::now(),
+            began: Instant::now(),
+            lost_at: crate::runtime::status::now(),
+            why: format!("{lost}: its pod is gone"),
+            switchover: None,
+            held_at: None,
+            blocked_told: false,
+        }
     }
 
     #[tokio::test]

@@ -223,6 +223,10 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
             .or_else(|| previous.and_then(|s| s.last_backup_size_bytes)),
         // Keelson's choice; kept as it was when no apply ran (invalid spec, deletion).
         current_primary: observed.primary.clone().or_else(|| previous.and_then(|s| s.current_primary.clone())),
+        current_primary_uid: match &observed.primary {
+            Some(_) => observed.primary_uid.clone(),
+            None => previous.and_then(|s| s.current_primary_uid.clone()),
+        },
         server_version: topology.server_version,
         instance_statuses: topology.instances,
         last_failover: observed.failover.clone().or_else(|| previous.and_then(|s| s.last_failover.clone())),

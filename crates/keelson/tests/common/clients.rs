@@ -80,13 +80,15 @@ until [ -f /tmp/stop ]; do
 done
 echo done"#;
 
-/// Every instance, by its pod's address, in turn (a round takes well under a second): does it take writes?
+/// Every instance, by its pod's address, in turn (a round takes well under a second while all
+/// answer): does it take writes?
 pub fn sampler(db: &str, instances: u32) -> String {
     format!(
         r#"until [ -f /tmp/stop ]; do
   line="$(date +%s%3N)"
   for n in {ordinals}; do
-    r="$(PGPASSWORD="$PASSWORD" psql -h {db}-$n.{db}-headless -U app -d app -X -At -c 'SELECT NOT pg_is_in_recovery()' 2>/dev/null || echo x)"
+    # A server frozen after it accepted the connection never answers: give up on it.
+    r="$(PGPASSWORD="$PASSWORD" timeout 5 psql -h {db}-$n.{db}-headless -U app -d app -X -At -c 'SELECT NOT pg_is_in_recovery()' 2>/dev/null || echo x)"
     line="$line $r"
   done
   echo "$line"
