@@ -610,6 +610,7 @@ fn database(i: usize) -> MyDatabase {
             image_repository: "postgres".into(),
             backup: Some(BackupSpec { schedule: "0 2 * * *".into(), retention: "7d".into(), storage: "1Gi".into() }),
             restore_from: None,
+            restore_to: Vec::new(),
             deletion_policy: DeletionPolicy::Delete,
             replication: Default::default(),
         },

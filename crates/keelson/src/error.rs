@@ -29,6 +29,10 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// An object of a child's name that is not Keelson's: left untouched.
+    #[error("{object} exists and is not Keelson's: {why}; it is left untouched (delete or rename it)")]
+    NotOurs { object: String, why: String },
+
     /// Children the API server refused; the rest were applied and status written.
     #[error("{summary}")]
     ChildrenFailed { summary: String, conflict: bool },
@@ -52,6 +56,7 @@ impl Error {
             Error::CacheNotSynced(_) => "cache_not_synced",
             Error::TimedOut(_) => "timed_out",
             Error::Serialize { .. } => "serialize",
+            Error::NotOurs { .. } => "not_ours",
         }
     }
 

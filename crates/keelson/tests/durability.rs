@@ -11,7 +11,8 @@
 //! - the operator killed mid-failover (the replicas asked, maybe held) and
 //!   mid-switchover (the primary stepped down): the next one finishes the job;
 //! - a database deleted (its volumes retained) while a replica lagged, then
-//!   created again: the most advanced instance is elected, never the lagging one.
+//!   created again: the most advanced instance is elected, never the lagging one;
+//! - a scale-down that removes the primary's pod switches over first.
 //!
 //! Proven with SQL: nothing acknowledged is lost, no old primary acknowledged
 //! after the new one, the old primary is back as a streaming replica.
@@ -115,8 +116,10 @@ fn kept(ns: &TestNamespace, primary: &str, logs: &str, moves: &[(&str, u128)]) -
     let lost: Vec<u64> = acked.iter().map(|(id, _)| *id).filter(|id| !stored.contains(id)).collect();
     assert!(lost.is_empty(), "{} acknowledged commits lost: {lost:?}", lost.len());
     let servers = acknowledging_servers(logs);
-    for (old_ip, since) in moves {
-        let after: Vec<&(u128, String)> = servers.iter().filter(|(t, _)| t > since).collect();
+    // Each move until the next one: a later move may bring the primary back to a former pod.
+    for (i, (old_ip, since)) in moves.iter().enumerate() {
+        let until = moves.get(i + 1).map_or(u128::MAX, |(_, next)| *next);
+        let after: Vec<&(u128, String)> = servers.iter().filter(|(t, _)| t > since && *t < until).collect();
         if let Some(first_new) = after.iter().find(|(_, server)| server != old_ip).map(|(t, _)| *t) {
             let late: Vec<_> = after.iter().filter(|(t, server)| *t > first_new && server == old_ip).collect();
             assert!(late.is_empty(), "the old primary {old_ip} acknowledged after the new one: {late:?}");
@@ -422,4 +425,52 @@ fn scopeguard(pid: u32) -> impl Drop {
         }
     }
     Thaw(pid)
+}
+
+/// A scale-down that would remove the primary's pod switches over to a
+/// remaining instance first: the StatefulSet keeps the pod until then.
+#[tokio::test]
+async fn a_scale_down_that_removes_the_primary_switches_over_first() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-shrink").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let (db, pods, dbs) = ("shrink", ns.api::<Pod>(), ns.api::<MyDatabase>());
+    let first = create(&ns, db, 3).await?;
+    let mut moves = Vec::new();
+    let highest = format!("{db}-2");
+    if first != highest {
+        moves.push((pod_ip(pods.get(&first).await?), now_ms()));
+        // Asked again if refused (a replica may be catching up for a moment).
+        let request = format!("{SWITCHOVER_ANNOTATION}={highest}");
+        eventually(DEFAULT_TIMEOUT, "the primary to move to the highest ordinal", || async {
+            let Ok(current) = dbs.get(db).await else { return false };
+            if current.status.and_then(|s| s.current_primary).as_deref() == Some(highest.as_str()) {
+                return true;
+            }
+            if !current.metadata.annotations.is_some_and(|a| a.contains_key(SWITCHOVER_ANNOTATION)) {
+                let _ = kubectl(&["-n", &ns.name, "annotate", "mydatabase", db, &request]);
+            }
+            false
+        })
+        .await?;
+        settled(&ns, db, 3).await?;
+    }
+    writes_flow(&ns, now_ms()).await?;
+    moves.push((pod_ip(pods.get(&highest).await?), now_ms()));
+    dbs.patch(db, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": 2}}))).await?;
+    eventually(DEFAULT_TIMEOUT, "the primary's pod to be removed after a switchover", || async {
+        let moved = primary_of(&dbs, db).await.is_some_and(|p| p != highest);
+        moved && matches!(pods.get_opt(&highest).await, Ok(None))
+    })
+    .await?;
+    let primary = settled(&ns, db, 2).await?;
+    let record = dbs.get(db).await?.status.and_then(|s| s.last_failover).context("no record")?;
+    assert_eq!((record.kind.as_str(), record.from.as_str()), ("Switchover", highest.as_str()), "{record:?}");
+    assert!(record.reason.contains("scaling down to 2"), "{record:?}");
+    // The new primary waits for the remaining replica only.
+    let replica = if primary == format!("{db}-0") { format!("{db}-1") } else { format!("{db}-0") };
+    assert_eq!(sql_in(&ns, &primary, "SHOW synchronous_standby_names")?, format!("ANY 1 (\"{replica}\")"));
+    writes_flow(&ns, now_ms()).await?;
+    let moves: Vec<(&str, u128)> = moves.iter().map(|(ip, at)| (ip.as_str(), *at)).collect();
+    nothing_lost(&ns, &primary, &moves).await
 }

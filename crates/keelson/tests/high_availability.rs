@@ -82,7 +82,7 @@ impl Disruption {
             Disruption::Upgrade => "rolling minor upgrade 15.2 → 15.3 (longest pause)",
             Disruption::Partition => "failover: primary's node partitioned",
             Disruption::PowerOff => "failover: primary's node powered off",
-            Disruption::Drain => "handover: primary's node drained",
+            Disruption::Drain => "switchover: primary's node drained",
         }
     }
 
@@ -597,7 +597,8 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             Disruption::Delete | Disruption::GracefulDelete => ("Failover", "its pod"),
             Disruption::Hang => ("Failover", "its PostgreSQL stopped answering"),
             Disruption::Partition | Disruption::PowerOff => ("Failover", "its lease was not renewed"),
-            Disruption::Drain => ("Failover", "its pod is being deleted"),
+            // The primary's budget holds its eviction back until Keelson has switched over.
+            Disruption::Drain => ("Switchover", "is cordoned"),
             Disruption::Switchover => ("Switchover", "switchover to"),
             Disruption::Upgrade => ("Switchover", "rolling update"),
         };
@@ -617,7 +618,7 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         // A planned move hears from both replicas: none was left out to be waited for, which is
         // what keeps an upgrade's pause to one switchover's (a rollout waits for each replaced
         // replica to stream again before it goes on).
-        if matches!(disruption, Disruption::Switchover | Disruption::Upgrade) {
+        if matches!(disruption, Disruption::Switchover | Disruption::Upgrade | Disruption::Drain) {
             assert_eq!(record.positions.len(), 2, "{disruption:?}: a replica did not answer: {record:?}");
         }
     }

@@ -68,7 +68,9 @@ fn helm_chart_renders_the_generated_objects() {
 #[test]
 fn helm_chart_in_namespaced_mode_binds_the_watched_namespace_only() {
     let Some(rendered) = helm_template(&["--set", "watchNamespace=team-a"]) else { return };
-    assert!(!rendered.iter().any(|r| r["kind"] == "ClusterRoleBinding"), "a cluster-wide binding in namespaced mode");
+    // Cluster-wide, only what has no namespace: which nodes are cordoned.
+    let cluster_wide: Vec<String> = rendered.iter().filter(|r| r["kind"] == "ClusterRoleBinding").map(key).collect();
+    assert_eq!(cluster_wide, [format!("ClusterRoleBinding/{}", keelson::manifests::rbac::NODE_READER_ROLE_NAME)]);
     let binding = rendered.iter().find(|r| key(r) == "RoleBinding/keelson-manager").expect("a RoleBinding");
     assert_eq!(binding["metadata"]["namespace"], "team-a");
     assert_eq!(binding["roleRef"]["name"], keelson::manifests::rbac::CLUSTER_ROLE_NAME);

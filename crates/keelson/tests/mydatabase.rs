@@ -122,8 +122,12 @@ async fn tutorial_database_runs_with_every_child() -> anyhow::Result<()> {
         let selector = services.get(name).await?.spec.and_then(|s| s.selector).unwrap_or_default();
         assert_eq!(selector.get("keelson.dev/role").map(String::as_str), role, "{name}");
     }
-    let pdb = ns.api::<PodDisruptionBudget>().get(NAME).await?;
-    assert!(pdb.spec.and_then(|s| s.max_unavailable).is_some());
+    // One of the two replicas may go at a time; the primary not until it has handed over.
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let budgets = ns.api::<PodDisruptionBudget>();
+    let min_available = |budget: PodDisruptionBudget| budget.spec.and_then(|s| s.min_available);
+    assert_eq!(min_available(budgets.get(NAME).await?), Some(IntOrString::Int(1)));
+    assert_eq!(min_available(budgets.get(&format!("{NAME}-primary")).await?), Some(IntOrString::Int(1)));
     let cronjob = ns.api::<CronJob>().get("production-db-backup").await?;
     assert_eq!(
         (cronjob.spec.schedule.as_str(), cronjob.spec.concurrency_policy.as_deref()),
@@ -165,6 +169,7 @@ async fn invalid_specs_are_rejected_or_reported_naming_the_field() -> anyhow::Re
     let cases = [
         (json!({"replicas": 0}), "spec.replicas"),
         (json!({"version": "9.6"}), "spec.version"),
+        (json!({"version": "14.9"}), "13 and 14 are past end of life"),
         (json!({"version": "latest"}), "spec.version"),
         (json!({"storage": "lots"}), "spec.storage"),
         (json!({"storage": "0"}), "spec.storage"),
@@ -570,5 +575,83 @@ async fn restart_over_a_running_database_writes_nothing() -> anyhow::Result<()> 
     let after = ns.api::<Secret>().get("production-db-credentials").await?;
     assert_eq!(before.data, after.data, "credentials changed on restart");
     assert_eq!(before.resource_version(), after.resource_version());
+    Ok(())
+}
+
+/// A Secret someone made under the database's credentials name is neither
+/// adopted nor read: its password never reaches a pod, and it is left as it
+/// was, with a condition and an Event naming it.
+#[tokio::test]
+async fn a_foreign_secret_of_the_credentials_name_is_left_untouched() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::namespace(&cluster, "mydb-foreign").await?;
+    let secrets = ns.api::<Secret>();
+    let foreign: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "victim-credentials"}, "stringData": {"password": "strangers-secret"}}))?;
+    let before = secrets.create(&PostParams::default(), &foreign).await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let mut db = tutorial(None)?;
+    db.metadata.name = Some("victim".into());
+    let dbs = ns.api::<MyDatabase>();
+    dbs.create(&PostParams::default(), &db).await?;
+    let refusal = "Secret victim-credentials exists and is not Keelson's";
+    wait_for(&dbs, "victim", "a condition naming the foreign Secret", DEFAULT_TIMEOUT, |db| {
+        db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.message.contains(refusal)))
+    })
+    .await?;
+    eventually(DEFAULT_TIMEOUT, "a NotOurs Event naming it", || async {
+        let events = ns.api::<Event>().list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+        events.iter().any(|e| {
+            e.reason.as_deref() == Some("NotOurs") && e.message.as_deref().unwrap_or_default().contains(refusal)
+        })
+    })
+    .await?;
+    let after = secrets.get("victim-credentials").await?;
+    assert_eq!(after.metadata.resource_version, before.metadata.resource_version, "the foreign Secret was written");
+    // Nothing that would mount it: no StatefulSet, no backup CronJob.
+    assert!(ns.api::<StatefulSet>().get_opt("victim").await?.is_none());
+    assert!(ns.api::<CronJob>().get_opt("victim-backup").await?.is_none());
+    Ok(())
+}
+
+/// A database restores another's backups only if that one allows it
+/// (`spec.restoreTo`, recorded on its backups volume).
+#[tokio::test]
+async fn a_restore_from_backups_that_do_not_allow_it_is_refused() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::namespace(&cluster, "mydb-restore-to").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let dbs = ns.api::<MyDatabase>();
+    let source: MyDatabase = serde_json::from_value(json!({"apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase",
+        "metadata": {"name": "source"}, "spec": {"version": "15", "storage": "1Gi",
+        "backup": {"schedule": "0 2 * * *", "retention": "7d"}, "restoreTo": ["allowed"]}}))?;
+    dbs.create(&PostParams::default(), &source).await?;
+    let claims = ns.api::<PersistentVolumeClaim>();
+    eventually(DEFAULT_TIMEOUT, "the source's backups volume", || async {
+        claims.get_opt("source-backups").await.ok().flatten().is_some()
+    })
+    .await?;
+    let restoring = |name: &str| -> anyhow::Result<MyDatabase> {
+        Ok(serde_json::from_value(json!({"apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase",
+            "metadata": {"name": name}, "spec": {"version": "15", "storage": "1Gi",
+            "restoreFrom": {"database": "source"}}}))?)
+    };
+    dbs.create(&PostParams::default(), &restoring("intruder")?).await?;
+    dbs.create(&PostParams::default(), &restoring("allowed")?).await?;
+    let refused = wait_for(&dbs, "intruder", "Ready=False RestoreNotAllowed", DEFAULT_TIMEOUT, |db| {
+        condition(db, "Ready").is_some_and(|(status, reason, _)| status == "False" && reason == "RestoreNotAllowed")
+    })
+    .await?;
+    let message = condition(&refused, "Ready").map(|c| c.2).unwrap_or_default();
+    assert!(message.contains("spec.restoreFrom.database \"source\"") && message.contains("restoreTo"), "{message}");
+    // Nothing reads the volume for it: no restore Job, no StatefulSet.
+    let jobs = ns.api::<Job>();
+    assert!(jobs.get_opt("intruder-restore").await?.is_none());
+    assert!(ns.api::<StatefulSet>().get_opt("intruder").await?.is_none());
+    // The database the source named gets its restore Job.
+    eventually(DEFAULT_TIMEOUT, "the allowed database's restore Job", || async {
+        jobs.get_opt("allowed-restore").await.ok().flatten().is_some()
+    })
+    .await?;
     Ok(())
 }

@@ -418,6 +418,14 @@ async fn instance_probe_reads_roles_version_and_lag_from_real_servers() -> anyho
         port: server.port,
         bin_dir: postgres::bindir().to_string_lossy().into_owned(),
     };
+    // In the pod the manager runs as the OS user postgres (peer authentication); here, as this
+    // test's user: let it in as the superuser over the local socket.
+    for server in [&primary, &replica] {
+        let hba = server.data.join("pg_hba.conf");
+        let rules = std::fs::read_to_string(&hba)?;
+        std::fs::write(&hba, format!("local all postgres trust\n{rules}"))?;
+        server.psql_superuser("postgres", "SELECT pg_reload_conf()")?;
+    }
     let version = primary.psql_superuser("postgres", "SHOW server_version")?;
     let deadline = Instant::now() + Duration::from_secs(60);
     let seen = loop {
@@ -466,9 +474,20 @@ async fn instance_probe_reads_roles_version_and_lag_from_real_servers() -> anyho
     assert_eq!(seen.role, Role::Replica);
     assert!(seen.streaming, "{seen:?}");
     assert!(seen.replicas.is_empty());
-    // A server that is down is an error, not a report.
+    // A server that is down is an error, not a report, and does not respond.
     let stopped = probe::Server { port: postgres::free_port()?, ..probe_of(&replica) };
     assert!(stopped.probe(Duration::from_secs(10)).await.is_err());
+    assert!(!stopped.look(Duration::from_secs(2)).await.expect_err("no report").responds);
+    // A frozen postmaster (SIGSTOP) answers no connection attempt: hung, not busy.
+    assert!(probe_of(&replica).look(Duration::from_secs(2)).await.is_ok());
+    let pid =
+        std::fs::read_to_string(replica.data.join("postmaster.pid"))?.lines().next().unwrap_or_default().to_string();
+    let signal = |name: &str| std::process::Command::new("kill").args([name, &pid]).status();
+    anyhow::ensure!(signal("-STOP")?.success(), "cannot stop the replica's postmaster {pid}");
+    let frozen = probe_of(&replica).look(Duration::from_secs(2)).await;
+    signal("-CONT")?;
+    let unanswered = frozen.expect_err("a frozen postmaster gives no report");
+    assert!(!unanswered.responds, "a frozen postmaster responded: {}", unanswered.error);
     Ok(())
 }
 

@@ -19,7 +19,9 @@ fn tutorial() -> anyhow::Result<MyDatabase> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": "production-db"},
         "spec": {"replicas": 3, "version": "15.2", "storage": "100Gi",
-                 "backup": {"schedule": "0 2 * * *", "retention": "7d"}}
+                 "backup": {"schedule": "0 2 * * *", "retention": "7d"},
+                 // The test restores its backups into another database, which it must allow.
+                 "restoreTo": ["restored-db"]}
     }))?)
 }
 
@@ -65,6 +67,31 @@ async fn tutorial_database_streams_to_two_replicas_and_serves_its_connection_sec
                  -c \"INSERT INTO orders VALUES (1, 'written through -rw')\" -c 'SELECT pg_is_in_recovery()'";
     let written = run(&ns, client("writer", "uri", write)).await?;
     assert!(written.succeeded && written.logs.trim_end().ends_with('f'), "psql \"$uri\" failed: {}", written.logs);
+
+    // The application's password is the app role's only: not the superuser's over the network,
+    // no shell through COPY ... TO PROGRAM, no replication stream of the whole cluster.
+    let escapes = r#"host="${URI#*@}"; host="${host%%:*}"; password="${URI#postgresql://app:}"; password="${password%%@*}"
+export PGPASSWORD="$password" PGCONNECT_TIMEOUT=5
+psql -h "$host" -U postgres -d app -X -At -c 'SELECT 1' 2>&1 && echo SUPERUSER-LOGGED-IN
+psql "$URI" -X -At -c "COPY (SELECT 1) TO PROGRAM 'id'" 2>&1 && echo PROGRAM-RAN
+psql "host=$host user=app dbname=app replication=true" -X -At -c 'IDENTIFY_SYSTEM' 2>&1 && echo REPLICATION-ALLOWED
+echo checked"#;
+    let tried = run(&ns, client("escapes", "uri", escapes)).await?;
+    // ... and the Secret applications mount holds no replication credential: its own Secret does.
+    let app_secret = ns.api::<Secret>().get("production-db-credentials").await?;
+    let keys: Vec<String> = app_secret.data.unwrap_or_default().into_keys().collect();
+    assert_eq!(keys, ["database", "host", "jdbc-uri", "password", "pgpass", "port", "uri", "username"]);
+    assert!(!secret_value(&ns, "production-db-replication", "replication-password").await?.is_empty());
+    assert!(tried.logs.contains("checked"), "{}", tried.logs);
+    for escaped in ["SUPERUSER-LOGGED-IN", "PROGRAM-RAN", "REPLICATION-ALLOWED"] {
+        assert!(!tried.logs.contains(escaped), "{escaped}: {}", tried.logs);
+    }
+    assert!(
+        tried.logs.contains("pg_hba.conf rejects connection") && tried.logs.contains("\"postgres\""),
+        "{}",
+        tried.logs
+    );
+    assert!(tried.logs.contains("pg_execute_server_program"), "{}", tried.logs);
 
     for replica in ["production-db-1", "production-db-2"] {
         eventually(DEFAULT_TIMEOUT, "the row to reach the replica", || async {
@@ -216,6 +243,21 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
     })
     .await?;
     assert_eq!(pods.get("small-db-0").await?.metadata.uid, uid_before, "rotation restarted the primary");
+    // Neither password is in a process's command line or environment, in a log, or in the pod spec.
+    let list = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; tr '\\0' '\\n' < $p/environ; done 2>/dev/null; exit 0";
+    for pod in ["small-db-0", "small-db-1"] {
+        let processes = kubectl(&["-n", &ns.name, "exec", pod, "-c", "postgres", "--", "bash", "-c", list])?;
+        assert!(processes.contains("postgres"), "no process listed: {processes}");
+        for container in ["postgres", "instance-manager"] {
+            let logs = kubectl(&["-n", &ns.name, "logs", pod, "-c", container])?;
+            for password in ["rotated-by-the-test", old_password.as_str()] {
+                assert!(!processes.contains(password), "a password in {pod}'s processes");
+                assert!(!logs.contains(password), "a password in {pod}/{container}'s log");
+            }
+        }
+        let spec = serde_json::to_string(&pods.get(pod).await?.spec)?;
+        assert!(!spec.contains("APP_PASSWORD") && !spec.contains("REPLICATION_PASSWORD"), "passwords in {pod}'s env");
+    }
 
     // The replication password too, and a switchover right after (there and back), before the
     // kubelet has brought the new Secret to every pod: each former primary is rewound, not cloned
@@ -241,7 +283,7 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
     let (created_0, created_1) = (created("small-db-0")()?, created("small-db-1")()?);
     let patch = json!({"stringData": {"replication-password": "rotated-replication"}});
     ns.api::<Secret>()
-        .patch("small-db-credentials", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch))
+        .patch("small-db-replication", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch))
         .await?;
     let streaming = |pod: &'static str| {
         let ns = &ns;
@@ -403,8 +445,9 @@ async fn deletion_policies_act_on_real_data() -> anyhow::Result<()> {
     let dbs = ns.api::<MyDatabase>();
     let backup = json!({"schedule": "0 2 * * *", "retention": "7d", "storage": "1Gi"});
     for (name, policy) in [("snap-db", "Snapshot"), ("gone-db", "Delete")] {
-        let spec =
-            json!({"replicas": 1, "version": "15.2", "storage": "1Gi", "deletionPolicy": policy, "backup": backup});
+        // snap-db's final backup is restored into after-snap below: it says so.
+        let spec = json!({"replicas": 1, "version": "15.2", "storage": "1Gi", "deletionPolicy": policy,
+                          "backup": backup, "restoreTo": ["after-snap"]});
         dbs.create(&PostParams::default(), &database(name, spec)?).await?;
     }
     for name in ["snap-db", "gone-db"] {

@@ -60,7 +60,7 @@ async fn a_database_version_without_an_image_is_named_in_ready() -> anyhow::Resu
     let _operator = TestOperator::start(&cluster, &ns).await?;
     let db: MyDatabase = serde_json::from_value(json!({
         "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": "old-db"},
-        "spec": {"replicas": 1, "version": "14.9", "storage": "1Gi"}
+        "spec": {"replicas": 1, "version": "18.1", "storage": "1Gi"}
     }))?;
     let dbs = ns.api::<MyDatabase>();
     dbs.create(&PostParams::default(), &db).await?;
@@ -72,6 +72,6 @@ async fn a_database_version_without_an_image_is_named_in_ready() -> anyhow::Resu
     .await?;
     let message = named.status.map(|s| s.conditions).unwrap_or_default().into_iter().find(|c| c.type_ == "Ready");
     let message = message.map(|c| c.message).unwrap_or_default();
-    assert!(message.starts_with("spec.version \"14.9\": image postgres:14.9 is not available"), "{message}");
+    assert!(message.starts_with("spec.version \"18.1\": image postgres:18.1 is not available"), "{message}");
     Ok(())
 }

@@ -438,3 +438,39 @@ async fn names_are_limited_by_the_longest_child_name() -> anyhow::Result<()> {
     assert!(ns.api::<Service>().get_opt(&format!("{longest}-service")).await?.is_some());
     Ok(())
 }
+
+/// A Deployment someone made under the WebApp's name is never taken over: a
+/// user who may only create WebApps cannot reach it through Keelson.
+#[tokio::test]
+async fn a_foreign_deployment_of_the_same_name_is_left_untouched() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::namespace(&cluster, "webapp-foreign").await?;
+    let foreign: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "sandy-app", "labels": {"team": "payments"}},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "payments"}},
+                 "template": {"metadata": {"labels": {"app": "payments"}},
+                              "spec": {"containers": [{"name": "payments", "image": "payments:7"}]}}}}))?;
+    let deployments = ns.api::<Deployment>();
+    let before = deployments.create(&PostParams::default(), &foreign).await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    ns.api::<WebApp>().create(&PostParams::default(), &tutorial_app(3)).await?;
+    let refusal = "Deployment sandy-app exists and is not Keelson's";
+    wait_for(&ns.api::<WebApp>(), "sandy-app", "a condition naming the foreign Deployment", DEFAULT_TIMEOUT, |app| {
+        app.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.message.contains(refusal)))
+    })
+    .await?;
+    wait_for_event(&ns, "NotOurs", refusal).await?;
+    // Its controller writes its status; nobody else wrote to it: no field of Keelson's manager,
+    // its spec and labels as they were.
+    let after = deployments.get("sandy-app").await?;
+    let managers: Vec<String> =
+        after.metadata.managed_fields.iter().flatten().filter_map(|f| f.manager.clone()).collect();
+    assert!(!managers.iter().any(|m| m.starts_with("keelson")), "written by {managers:?}");
+    assert_eq!(after.spec, before.spec, "the foreign Deployment's spec changed");
+    assert_eq!(after.metadata.labels, before.metadata.labels);
+    assert!(after.metadata.owner_references.is_none());
+    // The Service, which was free, is the WebApp's.
+    let service = ns.api::<Service>().get("sandy-app-service").await?;
+    assert!(service.owner_references().iter().any(|o| o.kind == "WebApp" && o.controller == Some(true)));
+    Ok(())
+}

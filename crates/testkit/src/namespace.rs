@@ -40,6 +40,44 @@ pub struct TestNamespace {
     /// Kinds whose finalizers are cleared before the namespace goes: their
     /// controller stops with the test and could never clear them.
     finalized_kinds: Vec<ApiResource>,
+    /// A real-node namespace holds one of the process's slots while it lives.
+    _slot: Option<RealSlot>,
+}
+
+/// How many namespaces with real pods one test binary runs at once
+/// (`KEELSON_REAL_TESTS`, default 4): each is a database of two or three
+/// PostgreSQL servers, and the machine has two cores. Beyond that, their
+/// probes starve, and a primary under no fault is taken for hung.
+fn real_slots() -> usize {
+    std::env::var("KEELSON_REAL_TESTS").ok().and_then(|n| n.parse().ok()).filter(|n| *n > 0).unwrap_or(4)
+}
+
+static REAL_IN_USE: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+static REAL_FREED: std::sync::Condvar = std::sync::Condvar::new();
+
+/// One of the slots (see [`real_slots`]), given back when dropped.
+struct RealSlot;
+
+impl RealSlot {
+    async fn acquire() -> Self {
+        let waiting = tokio::task::spawn_blocking(|| {
+            let mut in_use = REAL_IN_USE.lock().unwrap_or_else(|p| p.into_inner());
+            while *in_use >= real_slots() {
+                in_use = REAL_FREED.wait(in_use).unwrap_or_else(|p| p.into_inner());
+            }
+            *in_use += 1;
+        });
+        let _ = waiting.await;
+        RealSlot
+    }
+}
+
+impl Drop for RealSlot {
+    fn drop(&mut self) {
+        let mut in_use = REAL_IN_USE.lock().unwrap_or_else(|p| p.into_inner());
+        *in_use = in_use.saturating_sub(1);
+        REAL_FREED.notify_one();
+    }
 }
 
 impl TestNamespace {
@@ -49,6 +87,10 @@ impl TestNamespace {
         test_name: &str,
         nodes: Nodes,
     ) -> anyhow::Result<Self> {
+        let slot = match nodes {
+            Nodes::Real => Some(RealSlot::acquire().await),
+            Nodes::Fake => None,
+        };
         let suffix: String = rand::rng()
             .sample_iter(rand::distr::Alphanumeric)
             .take(6)
@@ -74,7 +116,7 @@ impl TestNamespace {
             .await
             .with_context(|| format!("cannot create namespace {name}"))?;
         let keep = std::env::var("KEELSON_KEEP_NAMESPACES").is_ok_and(|v| v == "1");
-        Ok(Self { name, client, config, keep, finalized_kinds: Vec::new() })
+        Ok(Self { name, client, config, keep, finalized_kinds: Vec::new(), _slot: slot })
     }
 
     /// Clears the finalizers of every `K` in this namespace before deleting it.

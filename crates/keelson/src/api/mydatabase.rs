@@ -15,8 +15,10 @@ pub const SWITCHOVER_ANNOTATION: &str = "db.keelson.dev/switchover-to";
 /// those that did, accepting that those commits may be lost. Removed once used.
 pub const FORCE_FAILOVER_ANNOTATION: &str = "db.keelson.dev/force-failover";
 
-/// PostgreSQL major versions Keelson knows how to run and replicate.
-pub const SUPPORTED_MAJORS: &[u32] = &[13, 14, 15, 16, 17];
+/// PostgreSQL major versions Keelson knows how to run and replicate, and that
+/// the PostgreSQL project still supports: 13 ended in November 2025, 14 in
+/// November 2026. The CRD's rule on `spec.version` says the same.
+pub const SUPPORTED_MAJORS: &[u32] = &[15, 16, 17, 18];
 
 /// Desired state of a PostgreSQL database cluster.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
@@ -45,9 +47,11 @@ pub struct MyDatabaseSpec {
     #[schemars(range(min = 1, max = 16))]
     pub replicas: i32,
 
-    /// PostgreSQL version as `major[.minor]`, e.g. `15` or `15.2`; majors 13 to 17.
-    /// Within a major the version may move both ways; a major change needs a dump and restore.
-    #[schemars(regex(pattern = r"^(13|14|15|16|17)(\.[0-9]{1,3})?$"))]
+    /// PostgreSQL version as `major[.minor]`, e.g. `15` or `15.2`; majors 15 to 18 (13 and 14
+    /// are past end of life). Within a major the version may move both ways; a major change
+    /// needs a dump and restore.
+    #[schemars(regex(pattern = r"^[0-9]{1,2}(\.[0-9]{1,3})?$"))]
+    #[x_kube(validation = Rule::new("self.split('.')[0] in ['15', '16', '17', '18']").message("supported PostgreSQL majors are 15, 16, 17 and 18; 13 and 14 are past end of life"))]
     #[x_kube(validation = Rule::new("self.split('.')[0] == oldSelf.split('.')[0]").message("the major version cannot change in place; dump and restore into a new MyDatabase"))]
     pub version: String,
 
@@ -73,6 +77,16 @@ pub struct MyDatabaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.restoreFrom is immutable: it records where the database started from"))]
     pub restore_from: Option<RestoreFrom>,
+
+    /// Other MyDatabases in this namespace that may restore from this one's
+    /// backups (scheduled or the Snapshot policy's final one) with their
+    /// `spec.restoreFrom`, by name, or `*` for any. None by default: a
+    /// database's backups are its own (and a MyDatabase's re-created under its
+    /// name). Recorded on the backups volume, so it still holds once this
+    /// MyDatabase is deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub restore_to: Vec<String>,
 
     /// What deleting the MyDatabase does to its data: Retain (the default) keeps the
     /// data volumes and backups, Snapshot takes a final backup and removes the data
@@ -137,6 +151,9 @@ pub struct BackupSpec {
     #[x_kube(validation = Rule::new(reference::POSITIVE_QUANTITY_RULE).message(reference::POSITIVE_QUANTITY_MESSAGE))]
     pub storage: String,
 }
+
+/// Annotation on a backups volume: who may restore from it (`spec.backup.restoreTo`).
+pub const RESTORE_TO_ANNOTATION: &str = "db.keelson.dev/restore-to";
 
 /// What happens to data when a MyDatabase is deleted.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]

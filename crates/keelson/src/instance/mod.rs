@@ -47,11 +47,20 @@ const RENEW_TIMEOUT: Duration = Duration::from_secs(1);
 const BOOT_FILE: &str = ".keelson-boot";
 /// How often a replica told to hold is looked at until it holds.
 const HOLD_LOOK_EVERY: Duration = Duration::from_millis(200);
-/// One look may take this long: a server that takes longer does not answer.
+/// One call to the API server may take this long.
 const LOOK_TIMEOUT: Duration = Duration::from_secs(2);
-/// A server that answered before and has not for this long is reported
-/// unresponsive (a hung primary is failed over on it).
+/// One look at the server may take this long: a server that takes longer does not answer.
+/// Its second half asks whether the server responds at all (see `probe::Server::look`).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// A server that answered before and has not for this long, and does not
+/// respond to a connection attempt either, is reported unresponsive (a hung
+/// primary is failed over on it).
 const UNRESPONSIVE_AFTER: Duration = Duration::from_secs(3);
+/// ... and one that still responds to a connection attempt but gives no
+/// answer (busy: a checkpoint's I/O on a loaded node; or a stalled disk),
+/// after this long. Under CI load, 3 s without an answer fenced healthy
+/// primaries right after their promotion's checkpoint.
+const BUSY_UNRESPONSIVE_AFTER: Duration = Duration::from_secs(15);
 
 #[derive(Debug, thiserror::Error)]
 pub enum InstanceError {
@@ -204,9 +213,9 @@ impl Reporter {
     /// The server has not answered since `answered_last`: the last report,
     /// marked unresponsive, once that has lasted `UNRESPONSIVE_AFTER` (never
     /// before the server first answered: one starting up is not hung).
-    pub fn silence(&self, answered_last: Option<Instant>, now: Instant) -> Option<InstanceReport> {
+    pub fn silence(&self, answered_last: Option<Instant>, now: Instant, after: Duration) -> Option<InstanceReport> {
         let (last, _) = self.last.as_ref()?;
-        if last.unresponsive || now.duration_since(answered_last?) < UNRESPONSIVE_AFTER {
+        if last.unresponsive || now.duration_since(answered_last?) < after {
             return None;
         }
         Some(InstanceReport { unresponsive: true, ..last.clone() })
@@ -264,7 +273,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
             },
         }
         looked = tokio::time::Instant::now();
-        let probed = server.probe(LOOK_TIMEOUT).await;
+        let probed = server.look(PROBE_TIMEOUT).await;
         // The lease first: a look at a hung server must not hold it up.
         let replica_streaming = probed
             .as_ref()
@@ -327,15 +336,16 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                 reporter.consider(&seen, Instant::now()).then_some(seen)
             }
             // Starting, restarting or recovering (the pod's readiness says so), or hung.
-            Err(error) => {
+            Err(probe::Unanswered { error, responds }) => {
                 let since = *failing_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= Duration::from_secs(30) {
-                    tracing::warn!(namespace, pod, %error, "PostgreSQL does not answer");
+                    tracing::warn!(namespace, pod, %error, responds, "PostgreSQL does not answer");
                     failing_since = Some(Instant::now());
                 }
-                let silent = reporter.silence(answered_last, Instant::now());
+                let after = if responds { BUSY_UNRESPONSIVE_AFTER } else { UNRESPONSIVE_AFTER };
+                let silent = reporter.silence(answered_last, Instant::now(), after);
                 if let Some(silent) = &silent {
-                    tracing::warn!(namespace, pod, %error, "PostgreSQL stopped answering: reporting it unresponsive");
+                    tracing::warn!(namespace, pod, %error, responds, "PostgreSQL stopped answering: reporting it unresponsive");
                     reporter.consider(silent, Instant::now());
                 }
                 silent
@@ -437,14 +447,27 @@ mod tests {
     fn a_server_that_stops_answering_is_reported_unresponsive_once() {
         let mut reporter = Reporter::default();
         let start = Instant::now();
-        assert_eq!(reporter.silence(None, start + Duration::from_secs(60)), None, "nothing reported yet");
+        assert_eq!(
+            reporter.silence(None, start + Duration::from_secs(60), UNRESPONSIVE_AFTER),
+            None,
+            "nothing reported yet"
+        );
         assert!(reporter.consider(&primary("0/100", 0), start));
-        assert_eq!(reporter.silence(None, start + Duration::from_secs(60)), None, "never answered: starting");
-        assert_eq!(reporter.silence(Some(start), start + Duration::from_secs(1)), None, "too soon");
-        let silent = reporter.silence(Some(start), start + UNRESPONSIVE_AFTER).expect("unresponsive");
+        assert_eq!(
+            reporter.silence(None, start + Duration::from_secs(60), UNRESPONSIVE_AFTER),
+            None,
+            "never answered: starting"
+        );
+        assert_eq!(reporter.silence(Some(start), start + Duration::from_secs(1), UNRESPONSIVE_AFTER), None, "too soon");
+        let silent =
+            reporter.silence(Some(start), start + UNRESPONSIVE_AFTER, UNRESPONSIVE_AFTER).expect("unresponsive");
         assert!(silent.unresponsive && silent.lsn == "0/100", "{silent:?}");
         assert!(reporter.consider(&silent, start + UNRESPONSIVE_AFTER), "a change of shape: sent at once");
-        assert_eq!(reporter.silence(Some(start), start + UNRESPONSIVE_AFTER * 2), None, "said once");
+        assert_eq!(
+            reporter.silence(Some(start), start + UNRESPONSIVE_AFTER * 2, UNRESPONSIVE_AFTER),
+            None,
+            "said once"
+        );
         assert!(reporter.consider(&primary("0/100", 0), start + UNRESPONSIVE_AFTER * 3), "answering again");
     }
 }

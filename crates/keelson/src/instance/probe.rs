@@ -61,9 +61,52 @@ pub struct Server {
     pub bin_dir: String,
 }
 
+/// Why a look got no report, and whether the server still responds to a
+/// connection attempt (`pg_isready`): one that does is busy (a checkpoint's
+/// I/O on a loaded node), starting or stopping, not hung.
+#[derive(Debug)]
+pub struct Unanswered {
+    pub error: ProbeError,
+    pub responds: bool,
+}
+
 impl Server {
+    fn tool(&self, name: &str) -> String {
+        if self.bin_dir.is_empty() { name.into() } else { format!("{}/{name}", self.bin_dir) }
+    }
+
     fn psql(&self) -> String {
-        if self.bin_dir.is_empty() { "psql".into() } else { format!("{}/psql", self.bin_dir) }
+        self.tool("psql")
+    }
+
+    /// A look (see [`Server::probe`]) within `timeout`. An answer that fails,
+    /// or has not come by half of it, is followed by the question whether the
+    /// server responds at all, in the time left.
+    pub async fn look(&self, timeout: Duration) -> Result<InstanceReport, Unanswered> {
+        let half = timeout / 2;
+        let probe = self.probe(timeout);
+        tokio::pin!(probe);
+        let early = tokio::select! {
+            result = &mut probe => Some(result),
+            _ = tokio::time::sleep(half) => None,
+        };
+        let (result, responds) = match early {
+            Some(Ok(report)) => return Ok(report),
+            Some(Err(error)) => (Err(error), self.responds(half).await),
+            None => tokio::join!(probe, self.responds(timeout.saturating_sub(half))),
+        };
+        result.map_err(|error| Unanswered { error, responds })
+    }
+
+    /// The server answers a connection attempt (accepting, or starting or
+    /// stopping), within `timeout`; a hung postmaster never does.
+    async fn responds(&self, timeout: Duration) -> bool {
+        let seconds = timeout.as_secs().max(1).to_string();
+        let mut command = Command::new(self.tool("pg_isready"));
+        command.args(["-q", "-h", &self.socket_dir, "-p", &self.port.to_string(), "-t", &seconds]).kill_on_drop(true);
+        let status = tokio::time::timeout(timeout, command.status()).await;
+        // 0: accepting; 1: rejecting (starting up, shutting down); 2: no response.
+        matches!(status, Ok(Ok(status)) if matches!(status.code(), Some(0 | 1)))
     }
 
     pub async fn probe(&self, timeout: Duration) -> Result<InstanceReport, ProbeError> {

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::ObjectMeta;
 
-use super::rbac::{CLUSTER_ROLE_NAME, LEADER_ROLE_NAME};
+use super::rbac::{CLUSTER_ROLE_NAME, LEADER_ROLE_NAME, NODE_READER_ROLE_NAME};
 use crate::runtime::{meta, security};
 
 pub const NAMESPACE: &str = "keelson-system";
@@ -69,6 +69,19 @@ pub fn cluster_role_binding() -> ClusterRoleBinding {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "ClusterRole".into(),
             name: CLUSTER_ROLE_NAME.into(),
+        },
+        subjects: Some(subject()),
+    }
+}
+
+/// Binds the node reader cluster-wide, also in namespaced mode (nodes have no namespace).
+pub fn node_reader_binding() -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: meta(NODE_READER_ROLE_NAME, None),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: NODE_READER_ROLE_NAME.into(),
         },
         subjects: Some(subject()),
     }

@@ -61,6 +61,8 @@ pub fn files() -> Result<Vec<(String, String)>> {
     let rbac_files = [
         ("role.yaml", to_yaml(&rbac::cluster_role())?),
         ("role_binding.yaml", to_yaml(&deploy::cluster_role_binding())?),
+        ("node_reader_role.yaml", to_yaml(&rbac::node_reader_role())?),
+        ("node_reader_role_binding.yaml", to_yaml(&deploy::node_reader_binding())?),
         ("leader_election_role.yaml", to_yaml(&rbac::leader_election_role(deploy::NAMESPACE))?),
         ("leader_election_role_binding.yaml", to_yaml(&deploy::leader_election_role_binding())?),
         ("service_account.yaml", to_yaml(&deploy::service_account())?),
@@ -97,6 +99,15 @@ pub fn files() -> Result<Vec<(String, String)>> {
         "charts/keelson/templates/clusterrole.yaml".into(),
         format!("{HEADER}{}", to_yaml(&rbac::cluster_role())?),
     ));
+    files.push((
+        "charts/keelson/templates/node-reader.yaml".into(),
+        format!(
+            "{HEADER}{}{}",
+            to_yaml(&rbac::node_reader_role())?,
+            to_yaml(&deploy::node_reader_binding())?
+                .replace(&format!("namespace: {}", deploy::NAMESPACE), "namespace: {{ .Release.Namespace }}")
+        ),
+    ));
     Ok(files)
 }
 
@@ -109,6 +120,8 @@ pub fn chart_objects() -> Result<Vec<serde_json::Value>> {
         to_value(serde_json::to_value(deploy::service_account()))?,
         to_value(serde_json::to_value(rbac::cluster_role()))?,
         to_value(serde_json::to_value(deploy::cluster_role_binding()))?,
+        to_value(serde_json::to_value(rbac::node_reader_role()))?,
+        to_value(serde_json::to_value(deploy::node_reader_binding()))?,
         to_value(serde_json::to_value(rbac::leader_election_role(deploy::NAMESPACE)))?,
         to_value(serde_json::to_value(deploy::leader_election_role_binding()))?,
         to_value(serde_json::to_value(deploy::manager_deployment()))?,

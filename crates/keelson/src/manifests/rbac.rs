@@ -7,10 +7,11 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use kube::api::ObjectMeta;
 
 use crate::operator::CONTROLLERS;
-use crate::runtime::permissions::{EVENTS, LEADER_ELECTION, Permission};
+use crate::runtime::permissions::{EVENTS, LEADER_ELECTION, NODES, Permission};
 
 pub const CLUSTER_ROLE_NAME: &str = "keelson-manager";
 pub const LEADER_ROLE_NAME: &str = "keelson-leader-election";
+pub const NODE_READER_ROLE_NAME: &str = "keelson-node-reader";
 
 fn labels() -> BTreeMap<String, String> {
     [("app.kubernetes.io/name", "keelson"), ("app.kubernetes.io/managed-by", "keelson")]
@@ -49,6 +50,15 @@ pub fn cluster_role() -> ClusterRole {
     ClusterRole {
         metadata: ObjectMeta { name: Some(CLUSTER_ROLE_NAME.into()), labels: Some(labels()), ..Default::default() },
         rules: Some(rules(&CONTROLLERS.iter().map(|c| c.rbac).chain([EVENTS]).collect::<Vec<_>>())),
+        ..Default::default()
+    }
+}
+
+/// Which nodes are cordoned: cluster-scoped, so bound cluster-wide in every mode.
+pub fn node_reader_role() -> ClusterRole {
+    ClusterRole {
+        metadata: ObjectMeta { name: Some(NODE_READER_ROLE_NAME.into()), labels: Some(labels()), ..Default::default() },
+        rules: Some(rules(&[NODES])),
         ..Default::default()
     }
 }

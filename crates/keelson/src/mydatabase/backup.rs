@@ -14,6 +14,7 @@ use super::credentials::PASSWORD_KEY;
 use super::names::{self, APP_DB, APP_USER, PORT};
 use super::statefulset::{POSTGRES_UID, empty_dir, env, image, mount, scripts_volume, secret_env};
 use crate::api::MyDatabase;
+use crate::api::mydatabase::RESTORE_TO_ANNOTATION;
 use crate::runtime::security;
 use crate::{Error, Result};
 
@@ -25,8 +26,12 @@ const DEFAULT_BACKUP_STORAGE: &str = "10Gi";
 /// deletion under the Retain and Snapshot policies.
 pub fn volume_claim(db: &MyDatabase) -> PersistentVolumeClaim {
     let size = db.spec.backup.as_ref().map_or(DEFAULT_BACKUP_STORAGE, |b| b.storage.as_str());
+    let mut metadata = names::unowned_meta(db, names::backups_pvc(db), "backup");
+    // Who may restore from these backups, on the volume itself: it outlives the MyDatabase.
+    let restore_to = db.spec.restore_to.join(",");
+    metadata.annotations = Some([(RESTORE_TO_ANNOTATION.to_string(), restore_to)].into());
     PersistentVolumeClaim {
-        metadata: names::unowned_meta(db, names::backups_pvc(db), "backup"),
+        metadata,
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(vec!["ReadWriteOnce".into()]),
             resources: Some(VolumeResourceRequirements {
@@ -45,6 +50,8 @@ fn backup_pod(db: &MyDatabase, retention: &str) -> PodTemplateSpec {
         metadata: Some(ObjectMeta { labels: Some(names::labels(db, "backup")), ..Default::default() }),
         spec: Some(PodSpec {
             restart_policy: Some("Never".into()),
+            // A backup talks to PostgreSQL only, never to the API server.
+            automount_service_account_token: Some(false),
             security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
             containers: vec![Container {
                 name: "backup".into(),

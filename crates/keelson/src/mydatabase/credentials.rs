@@ -1,6 +1,8 @@
-//! The Secret with the database's credentials and connection details.
+//! The database's Secrets, by audience: `<name>-credentials` holds what an
+//! application needs to connect, and nothing more; `<name>-replication`
+//! holds the replication role's password, which only the instances mount.
 //! Passwords are generated once and then read back, never rotated silently.
-//! It belongs to no owner: the deletion policy decides its fate.
+//! They belong to no owner: the deletion policy decides their fate.
 
 use std::collections::BTreeMap;
 
@@ -33,34 +35,46 @@ fn random_password() -> String {
     rand::rng().sample_iter(rand::distr::Alphanumeric).take(32).map(char::from).collect()
 }
 
-/// The passwords already in `existing`, or new random ones for what is missing.
-pub fn passwords(existing: Option<&Secret>) -> Passwords {
-    let read = |key: &str| {
-        existing
-            .and_then(|s| s.data.as_ref())
-            .and_then(|d| d.get(key))
-            .and_then(|v| String::from_utf8(v.0.clone()).ok())
-            .filter(|v| !v.is_empty())
-    };
+fn read(secret: Option<&Secret>, key: &str) -> Option<String> {
+    secret
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get(key))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .filter(|v| !v.is_empty())
+}
+
+/// The passwords already in the Secrets, or new random ones for what is
+/// missing. The replication password of a database from before the
+/// replication Secret is taken from the credentials Secret once, so that
+/// moving it changes nothing.
+pub fn passwords(credentials: Option<&Secret>, replication: Option<&Secret>) -> Passwords {
     Passwords {
-        app: read(PASSWORD_KEY).unwrap_or_else(random_password),
-        replication: read(REPLICATION_PASSWORD_KEY).unwrap_or_else(random_password),
+        app: read(credentials, PASSWORD_KEY).unwrap_or_else(random_password),
+        replication: read(replication, REPLICATION_PASSWORD_KEY)
+            .or_else(|| read(credentials, REPLICATION_PASSWORD_KEY))
+            .unwrap_or_else(random_password),
     }
 }
 
-/// Builds the Secret `<name>-credentials`: what an application needs to connect.
+/// Builds the Secret `<name>-credentials`: what an application needs to
+/// connect, in the forms drivers take (`uri`, `jdbc-uri`, a `pgpass` line).
 pub fn build(db: &MyDatabase, passwords: &Passwords) -> Result<Secret> {
     let namespace = db.namespace().unwrap_or_default();
     let host = format!("{}.{namespace}.svc", names::rw_service(db));
     let uri = format!("postgresql://{APP_USER}:{}@{host}:{PORT}/{APP_DB}", passwords.app);
+    let jdbc = format!("jdbc:postgresql://{host}:{PORT}/{APP_DB}?user={APP_USER}&password={}", passwords.app);
+    // pgpass escapes `:` and `\` in its fields; the generated passwords have neither, a user's may.
+    let escaped = passwords.app.replace('\\', "\\\\").replace(':', "\\:");
+    let pgpass = format!("{host}:{PORT}:{APP_DB}:{APP_USER}:{escaped}\n");
     let data: BTreeMap<String, ByteString> = [
         ("username", APP_USER.to_string()),
         (PASSWORD_KEY, passwords.app.clone()),
-        (REPLICATION_PASSWORD_KEY, passwords.replication.clone()),
         ("database", APP_DB.to_string()),
         ("host", host),
         ("port", PORT.to_string()),
         ("uri", uri),
+        ("jdbc-uri", jdbc),
+        ("pgpass", pgpass),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
@@ -77,6 +91,19 @@ pub fn build(db: &MyDatabase, passwords: &Passwords) -> Result<Secret> {
     })
 }
 
+/// Builds the Secret `<name>-replication`: the replication role's password,
+/// for the instances only (a client holding it could copy every database of
+/// the cluster with `pg_basebackup`).
+pub fn build_replication(db: &MyDatabase, passwords: &Passwords) -> Secret {
+    let data = [(REPLICATION_PASSWORD_KEY.to_string(), ByteString(passwords.replication.clone().into_bytes()))];
+    Secret {
+        metadata: names::unowned_meta(db, names::replication_secret(db), "replication"),
+        type_: Some("Opaque".into()),
+        data: Some(data.into()),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,12 +111,13 @@ mod tests {
 
     #[test]
     fn passwords_are_random_and_then_kept() {
-        let first = passwords(None);
+        let first = passwords(None, None);
         assert_eq!(first.app.len(), 32);
         assert_ne!(first.app, first.replication);
-        assert_ne!(passwords(None).app, first.app);
+        assert_ne!(passwords(None, None).app, first.app);
         let secret = build(&sample(), &first).expect("builds");
-        assert_eq!(passwords(Some(&secret)), first);
+        let replication = build_replication(&sample(), &first);
+        assert_eq!(passwords(Some(&secret), Some(&replication)), first);
     }
 
     #[test]
@@ -101,6 +129,33 @@ mod tests {
         assert_eq!(text("host"), "production-db-rw.default.svc");
         assert_eq!(text("port"), "5432");
         assert_eq!(text("uri"), "postgresql://app:s3cret@production-db-rw.default.svc:5432/app");
+        assert_eq!(
+            text("jdbc-uri"),
+            "jdbc:postgresql://production-db-rw.default.svc:5432/app?user=app&password=s3cret"
+        );
+        assert_eq!(text("pgpass"), "production-db-rw.default.svc:5432:app:app:s3cret\n");
         assert!(!format!("{pw:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn the_application_secret_holds_no_replication_credential() {
+        let pw = Passwords { app: "s3cret".into(), replication: "r3pl".into() };
+        let secret = build(&sample(), &pw).expect("builds");
+        let data = secret.data.expect("data");
+        assert!(data.values().all(|v| !String::from_utf8_lossy(&v.0).contains("r3pl")), "{:?}", data.keys());
+        let replication = build_replication(&sample(), &pw);
+        assert_eq!(replication.metadata.name.as_deref(), Some("production-db-replication"));
+        assert_eq!(replication.data.expect("data")[REPLICATION_PASSWORD_KEY].0, b"r3pl");
+    }
+
+    #[test]
+    fn a_replication_password_from_before_its_own_secret_is_kept() {
+        let mut legacy =
+            build(&sample(), &Passwords { app: "a".into(), replication: "unused".into() }).expect("builds");
+        legacy
+            .data
+            .get_or_insert_with(Default::default)
+            .insert(REPLICATION_PASSWORD_KEY.into(), ByteString(b"old-repl".to_vec()));
+        assert_eq!(passwords(Some(&legacy), None).replication, "old-repl");
     }
 }

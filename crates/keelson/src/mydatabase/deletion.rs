@@ -14,7 +14,8 @@ use super::observed::{Caches, Observed};
 use super::{backup, names};
 use crate::api::mydatabase::{DeletionPolicy, MyDatabase};
 use crate::runtime::outcome::ChildFailure;
-use crate::runtime::{Applier, Context, jobs};
+use crate::runtime::ownership::labelled_for;
+use crate::runtime::{Applier, Context, cache, jobs};
 
 /// Where the final backup of the Snapshot policy stands.
 #[derive(Debug, PartialEq, Eq)]
@@ -50,19 +51,28 @@ pub async fn clean_up(db: &MyDatabase, observed: &Observed, caches: &Caches, ctx
         }
         DeletionPolicy::Delete => {
             let mut removed = Vec::new();
-            for claim in &observed.data_claims {
+            for claim in observed.data_claims.iter().filter(|claim| labelled_for(*claim, name)) {
                 if applier.delete::<PersistentVolumeClaim>(&claim.name_any(), &DeleteParams::background()).await {
                     removed.push(claim.name_any());
                 }
             }
-            applier.delete::<PersistentVolumeClaim>(&names::backups_pvc(db), &DeleteParams::background()).await;
-            applier.delete::<Secret>(&names::credentials(db), &DeleteParams::background()).await;
+            // By name only what carries Keelson's labels naming this database: never a stranger's.
+            let backups = cache::get(&caches.claims, namespace, &names::backups_pvc(db));
+            if backups.is_some_and(|claim| labelled_for(&claim, name)) {
+                applier.delete::<PersistentVolumeClaim>(&names::backups_pvc(db), &DeleteParams::background()).await;
+            }
+            for secret in [names::credentials(db), names::replication_secret(db)] {
+                if cache::get(&caches.secrets, namespace, &secret).is_some_and(|s| labelled_for(&s, name)) {
+                    applier.delete::<Secret>(&secret, &DeleteParams::background()).await;
+                }
+            }
             if applier.failures().is_empty() {
                 let note = format!(
-                    "deletionPolicy Delete: deleted data PVCs [{}], backups PVC {} and Secret {}",
+                    "deletionPolicy Delete: deleted data PVCs [{}], backups PVC {} and Secrets {}, {}",
                     removed.join(", "),
                     names::backups_pvc(db),
-                    names::credentials(db)
+                    names::credentials(db),
+                    names::replication_secret(db)
                 );
                 event(EventType::Normal, "DataDeleted", note).await;
             }
@@ -88,7 +98,7 @@ pub async fn clean_up(db: &MyDatabase, observed: &Observed, caches: &Caches, ctx
             }
             FinalBackup::Succeeded => {
                 let mut removed = Vec::new();
-                for claim in &observed.data_claims {
+                for claim in observed.data_claims.iter().filter(|claim| labelled_for(*claim, name)) {
                     if applier.delete::<PersistentVolumeClaim>(&claim.name_any(), &DeleteParams::background()).await {
                         removed.push(claim.name_any());
                     }
@@ -96,10 +106,11 @@ pub async fn clean_up(db: &MyDatabase, observed: &Observed, caches: &Caches, ctx
                 // The credentials Secret, never owned, stays: the backup's roles need it.
                 if applier.failures().is_empty() {
                     let note = format!(
-                        "deletionPolicy Snapshot: final backup in PVC {}; deleted data PVCs [{}]; kept Secret {}",
+                        "deletionPolicy Snapshot: final backup in PVC {}; deleted data PVCs [{}]; kept Secrets {}, {}",
                         names::backups_pvc(db),
                         removed.join(", "),
-                        names::credentials(db)
+                        names::credentials(db),
+                        names::replication_secret(db)
                     );
                     event(EventType::Normal, "SnapshotTaken", note).await;
                 }
@@ -128,9 +139,10 @@ where
 
 fn retained_note(db: &MyDatabase, observed: &Observed, policy: &str) -> String {
     format!(
-        "{policy}: kept data PVCs [{}], backups PVC {} (if any) and Secret {}",
+        "{policy}: kept data PVCs [{}], backups PVC {} (if any) and Secrets {}, {}",
         observed.data_claims.iter().map(|c| c.name_any()).collect::<Vec<_>>().join(", "),
         names::backups_pvc(db),
-        names::credentials(db)
+        names::credentials(db),
+        names::replication_secret(db)
     )
 }

@@ -9,6 +9,7 @@
 pub mod backup;
 pub mod credentials;
 pub mod deletion;
+pub mod drain;
 pub mod failover;
 pub mod instance_access;
 pub mod instances;
@@ -143,7 +144,23 @@ pub async fn run(params: RunParams) {
     let (roles, role_events) = cache::watch(scoped_api::<Packed<Role>>(client, namespace), &managed, watch("Role"));
     let (role_bindings, role_binding_events) =
         cache::watch(scoped_api::<Packed<RoleBinding>>(client, namespace), &managed, watch("RoleBinding"));
+    // A cordoned node (a drain begins): the databases whose primary runs there.
+    let (cordoned, cordon_events) =
+        drain::watch(kube::Api::all(client.clone()), readiness.watch(format!("{}/Node", reconcile::CONTROLLER)));
+    let pods_by_node = pods.clone();
+    let drains = cordon_events.flat_map(move |node| {
+        let pods: Vec<Pod> = pods_by_node
+            .state()
+            .iter()
+            .filter(|p| p.labels().contains_key(names::ROLE_LABEL))
+            .filter_map(|p| p.unpack().ok())
+            .collect();
+        let databases: Vec<ObjectRef<MyDatabase>> =
+            drain::primaries_on(&pods, &node).into_iter().filter_map(owning_database).collect();
+        stream::iter(databases)
+    });
     let triggers = stream::select_all([
+        drains.boxed(),
         queue::trigger_self(database_events).boxed(),
         queue::trigger_owners(statefulset_events).boxed(),
         queue::trigger_owners(service_events).boxed(),
@@ -171,6 +188,7 @@ pub async fn run(params: RunParams) {
         service_accounts,
         roles,
         role_bindings,
+        cordoned,
     };
     let reconciler = Arc::new(reconcile::MyDatabaseReconciler { ctx, caches, primaries: Default::default() });
     drive(databases, triggers, reconciler, concurrency, on_synced, shutdown).await;
@@ -196,6 +214,7 @@ pub(crate) mod tests {
                     storage: "10Gi".into(),
                 }),
                 restore_from: None,
+                restore_to: Vec::new(),
                 deletion_policy: DeletionPolicy::Retain,
                 replication: Default::default(),
             },

@@ -50,6 +50,10 @@ pub fn ro_service(db: &MyDatabase) -> String {
 pub fn credentials(db: &MyDatabase) -> String {
     format!("{}-credentials", db.name_any())
 }
+/// The replication role's password: only the instances mount it.
+pub fn replication_secret(db: &MyDatabase) -> String {
+    format!("{}-replication", db.name_any())
+}
 pub fn scripts(db: &MyDatabase) -> String {
     format!("{}-scripts", db.name_any())
 }
@@ -69,6 +73,14 @@ pub fn instance_access(db: &MyDatabase) -> String {
 /// The pods of `db`'s instances, by ordinal.
 pub fn instance_pods(db: &MyDatabase) -> Vec<String> {
     (0..db.spec.replicas.max(0)).map(|ordinal| format!("{}-{ordinal}", statefulset(db))).collect()
+}
+/// The ordinal of an instance's pod, from its name (`<statefulset>-<ordinal>`).
+pub fn ordinal(pod: &str) -> Option<u32> {
+    pod.rsplit('-').next()?.parse().ok()
+}
+/// The PodDisruptionBudget that holds the primary back (the replicas' is named like the StatefulSet).
+pub fn primary_budget(db: &MyDatabase) -> String {
+    format!("{}-primary", db.name_any())
 }
 pub fn restore_job(db: &MyDatabase) -> String {
     format!("{}-restore", db.name_any())

@@ -15,6 +15,7 @@ use kube::{Client, ResourceExt};
 use super::names;
 use crate::api::MyDatabase;
 use crate::runtime::cache::{self, Packed};
+use crate::runtime::ownership::labelled_for;
 use crate::{Error, Result};
 
 /// The caches of everything a MyDatabase owns or watches, filled by its watches.
@@ -31,12 +32,16 @@ pub struct Caches {
     pub service_accounts: Store<Packed<ServiceAccount>>,
     pub roles: Store<Packed<Role>>,
     pub role_bindings: Store<Packed<RoleBinding>>,
+    /// The nodes cordoned now: a drain takes the primary's pod soon.
+    pub cordoned: super::drain::Cordoned,
 }
 
 /// What the cluster holds for one MyDatabase; apply updates it with what it wrote.
 #[derive(Debug, Default)]
 pub struct Observed {
     pub credentials: Option<Secret>,
+    /// The replication role's password (`<name>-replication`).
+    pub replication: Option<Secret>,
     pub statefulset: Option<StatefulSet>,
     /// Database pods, by name.
     pub pods: Vec<Pod>,
@@ -97,10 +102,23 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
             .await
             .map_err(Error::kube("read the credentials Secret"))?,
     };
+    // A stranger's Secret of that name is never read for passwords (applying over it is refused).
+    let credentials = credentials.filter(|secret| labelled_for(secret, &db.name_any()));
+    // Confirmed the same way, unless the database is new (no credentials anywhere).
+    let replication = match cache::get(&caches.secrets, &namespace, &names::replication_secret(db)) {
+        Some(secret) => Some(secret),
+        None if credentials.is_none() => None,
+        None => Api::<Secret>::namespaced(client.clone(), &namespace)
+            .get_opt(&names::replication_secret(db))
+            .await
+            .map_err(Error::kube("read the replication Secret"))?,
+    };
+    let replication = replication.filter(|secret| labelled_for(secret, &db.name_any()));
     let statefulset = cache::get(&caches.statefulsets, &namespace, &names::statefulset(db));
     let pods = own_pods(cache::list(&caches.pods, &namespace, &names::pod_selector(db)), statefulset.as_ref());
     Ok(Observed {
         credentials,
+        replication,
         statefulset,
         pods,
         backup_jobs: cache::list(&caches.jobs, &namespace, &names::labels(db, "backup")),

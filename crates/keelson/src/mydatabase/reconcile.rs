@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -23,7 +22,9 @@ use super::observed::{self, Caches, Observed};
 use super::restore::{self, Progress, Restore};
 use super::rollout::{self, Step};
 use super::statefulset::TemplateChange;
-use super::{backup, credentials, deletion, instances, names, pdb, scripts, services, statefulset, status, validation};
+use super::{
+    backup, credentials, deletion, drain, instances, names, pdb, scripts, services, statefulset, status, validation,
+};
 use crate::Result;
 use crate::api::instance::{
     HOLD_STREAMING, LEASE, LEASE_EXPIRES_AFTER, POSITION_REQUEST, Role, SYNCHRONOUS_STANDBYS, UPSTREAM,
@@ -103,13 +104,14 @@ const POSITION_WAIT: Duration = Duration::from_secs(3);
 /// Every child the spec asks for; None where an optional one is switched off.
 pub struct Desired {
     credentials: Secret,
+    replication: Secret,
     scripts: ConfigMap,
     instance_access: InstanceAccess,
     services: [Service; 3],
     backups_claim: Option<PersistentVolumeClaim>,
     restore: Option<Restore>,
     statefulset: StatefulSet,
-    disruption_budget: Option<PodDisruptionBudget>,
+    disruption_budgets: pdb::Budgets,
     backup_cron_job: Option<CronJob>,
 }
 
@@ -134,17 +136,18 @@ impl Reconciler for MyDatabaseReconciler {
     }
 
     fn build(&self, db: &MyDatabase, observed: &Observed) -> Result<Desired> {
-        let passwords = credentials::passwords(observed.credentials.as_ref());
+        let passwords = credentials::passwords(observed.credentials.as_ref(), observed.replication.as_ref());
         let backups_claim = db.spec.backup.is_some().then(|| backup::volume_claim(db));
         Ok(Desired {
             credentials: credentials::build(db, &passwords)?,
+            replication: credentials::build_replication(db, &passwords),
             scripts: scripts::build(db)?,
             instance_access: instance_access::build(db)?,
             services: services::build(db)?,
             backups_claim,
             restore: restore::build(db)?,
-            statefulset: statefulset::build(db, &self.ctx.settings)?,
-            disruption_budget: pdb::build(db)?,
+            statefulset: self.statefulset(db)?,
+            disruption_budgets: pdb::build(db)?,
             backup_cron_job: backup::cronjob(db)?,
         })
     }
@@ -152,7 +155,12 @@ impl Reconciler for MyDatabaseReconciler {
     async fn apply(&self, db: &MyDatabase, observed: Observed, desired: Desired, applier: &Applier<'_>) -> Observed {
         let caches = &self.caches;
         let name = names::statefulset(db);
-        let credentials = applier.apply(&caches.secrets, desired.credentials).await;
+        // The replication password first: once it has its own Secret, the credentials may drop it.
+        let replication = applier.apply(&caches.secrets, desired.replication).await;
+        let credentials = match replication {
+            Some(_) => applier.apply(&caches.secrets, desired.credentials).await,
+            None => observed.credentials.clone(),
+        };
         applier.apply(&caches.config_maps, desired.scripts).await;
         let InstanceAccess { service_account, role, role_binding } = desired.instance_access;
         applier.apply(&caches.service_accounts, service_account).await;
@@ -165,11 +173,19 @@ impl Reconciler for MyDatabaseReconciler {
             Some(claim) => applier.apply(&caches.claims, claim).await,
             None => observed.backups_claim.clone(),
         };
+        // Pods and Jobs mount both Secrets: not before they are this database's own (a
+        // stranger's Secret of that name is refused above, and must not reach a pod).
+        let secrets_ours = credentials.is_some() && replication.is_some();
         // With spec.restoreFrom, the first instance starts only on restored data.
         let restored = match (restore::progress(db, &observed), desired.restore) {
+            _ if !secrets_ours => false,
             (Progress::NotNeeded | Progress::Done, _) => true,
             (Progress::SourceMissing { volume }, _) => {
                 applier.wait(format!("the backups volume {volume} named by spec.restoreFrom.database"));
+                false
+            }
+            (Progress::NotAllowed { volume }, _) => {
+                applier.wait(format!("the source to allow restores from {volume} (spec.restoreTo)"));
                 false
             }
             (Progress::Running, Some(restore)) => {
@@ -201,9 +217,15 @@ impl Reconciler for MyDatabaseReconciler {
                 observed.statefulset.clone()
             }
         };
-        applier.apply_optional(&caches.disruption_budgets, &name, desired.disruption_budget).await;
-        let backup_cron_job =
-            applier.apply_optional(&caches.cron_jobs, &names::backup_cronjob(db), desired.backup_cron_job).await;
+        let pdb::Budgets { replicas: replicas_budget, primary: primary_budget } = desired.disruption_budgets;
+        applier.apply_optional(&caches.disruption_budgets, &name, replicas_budget).await;
+        applier.apply_optional(&caches.disruption_budgets, &names::primary_budget(db), primary_budget).await;
+        let backup_cron_job = match secrets_ours {
+            true => {
+                applier.apply_optional(&caches.cron_jobs, &names::backup_cronjob(db), desired.backup_cron_job).await
+            }
+            false => observed.backup_cron_job.clone(),
+        };
         let (primary, mut failover_pending) = self.elect_primary(db, &observed, applier).await;
         if !failover_pending {
             failover_pending = self.move_primary(db, &observed, statefulset.as_ref(), &primary, applier).await;
@@ -214,6 +236,7 @@ impl Reconciler for MyDatabaseReconciler {
         let PrimaryState { last: failover, blocked: failover_blocked, chosen, chosen_uid, .. } = self.state(db);
         Observed {
             credentials,
+            replication,
             statefulset,
             backups_claim,
             backup_cron_job,
@@ -271,6 +294,18 @@ impl Reconciler for MyDatabaseReconciler {
 }
 
 impl MyDatabaseReconciler {
+    /// The StatefulSet, keeping the primary's pod while a scale-down waits for its handover.
+    fn statefulset(&self, db: &MyDatabase) -> Result<StatefulSet> {
+        let mut statefulset = statefulset::build(db, &self.ctx.settings)?;
+        let status_primary = db.status.as_ref().and_then(|s| s.current_primary.clone());
+        let primary = self.state(db).chosen.or(status_primary);
+        let keep = drain::instances_to_keep(db.spec.replicas.max(0) as u32, primary.as_deref());
+        if let Some(spec) = statefulset.spec.as_mut() {
+            spec.replicas = Some(keep as i32);
+        }
+        Ok(statefulset)
+    }
+
     /// A StatefulSet's claim templates cannot change, so growing storage
     /// means: expand each data PVC, then delete the StatefulSet without its
     /// pods (orphan); the next reconcile creates it with the new template.
@@ -643,6 +678,19 @@ impl MyDatabaseReconciler {
                 }
             }
         }
+        // A drain or a scale-down is about to take the primary's pod: hand over first.
+        let instances = db.spec.replicas.max(0) as u32;
+        let cordoned = &self.caches.cordoned;
+        if let Some(why) = drain::handover_reason(instances, primary, &observed.pods, cordoned) {
+            let standbys = failover::synchronous_standbys(db, primary);
+            match drain::successor(instances, primary, &observed.pods, cordoned, &standbys) {
+                Some(to) => return self.switch_over(db, observed, primary, &to, why, false, applier).await,
+                None => {
+                    applier.wait(format!("a streaming replica to hand the primary over to ({why})"));
+                    return false;
+                }
+            }
+        }
         let Some(statefulset) = statefulset else { return false };
         match rollout::next_step(statefulset, &observed.pods, primary) {
             Step::Done => false,
@@ -943,7 +991,7 @@ mod tests {
         statefulsets: Vec<StatefulSet>,
         secrets: Vec<Secret>,
         cron_jobs: Vec<CronJob>,
-        disruption_budgets: Vec<PodDisruptionBudget>,
+        disruption_budgets: Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
         jobs: Vec<Job>,
         claims: Vec<PersistentVolumeClaim>,
         pods: Vec<Pod>,
@@ -963,6 +1011,7 @@ mod tests {
             service_accounts: cache(vec![]),
             roles: cache(vec![]),
             role_bindings: cache(vec![]),
+            cordoned: Default::default(),
         };
         Arc::new(MyDatabaseReconciler {
             ctx: Context::new(client, Arc::new(Metrics::default()), crate::runtime::Settings::default()),
@@ -976,9 +1025,16 @@ mod tests {
         object
     }
 
+    fn kept_passwords() -> Passwords {
+        Passwords { app: "kept-app-password".into(), replication: "kept-replication".into() }
+    }
+
     fn credentials(db: &MyDatabase) -> Secret {
-        let passwords = Passwords { app: "kept-app-password".into(), replication: "kept-replication".into() };
-        stamped(credentials::build(db, &passwords).expect("builds"))
+        stamped(credentials::build(db, &kept_passwords()).expect("builds"))
+    }
+
+    fn replication(db: &MyDatabase) -> Secret {
+        stamped(credentials::build_replication(db, &kept_passwords()))
     }
 
     fn data_claim(ordinal: u32) -> PersistentVolumeClaim {
@@ -1190,6 +1246,7 @@ mod tests {
         assert_eq!(
             api.applies(),
             [
+                "secrets/production-db-replication",
                 "secrets/production-db-credentials",
                 "configmaps/production-db-scripts",
                 "serviceaccounts/production-db-instance",
@@ -1201,10 +1258,15 @@ mod tests {
                 "persistentvolumeclaims/production-db-backups",
                 "statefulsets/production-db",
                 "poddisruptionbudgets/production-db",
+                "poddisruptionbudgets/production-db-primary",
                 "cronjobs/production-db-backup",
             ]
         );
-        let secret = api.requests().into_iter().find(|r| r.is_apply()).expect("secret");
+        let secret = api
+            .requests()
+            .into_iter()
+            .find(|r| r.is_apply() && r.path.ends_with("/production-db-credentials"))
+            .expect("secret");
         assert_eq!(secret.body["data"]["password"].as_str().map(str::len), Some(44), "32 random bytes, base64");
         let status = api.status_writes();
         assert_eq!(status.len(), 1);
@@ -1224,15 +1286,45 @@ mod tests {
     #[tokio::test]
     async fn reconcile_keeps_existing_passwords() {
         let db = held();
-        let secret = credentials(&db);
         let (api, client) = FakeApi::new(&db);
-        let cached = Cached { secrets: vec![secret], ..Default::default() };
+        let cached = Cached { secrets: vec![credentials(&db), replication(&db)], ..Default::default() };
         pipeline::reconcile(Arc::new(db), reconciler(client, cached)).await.expect("reconciles");
         assert!(
             !api.applies().iter().any(|a| a.starts_with("secrets/")),
             "the Secret was rewritten: {:?}",
             api.applies()
         );
+    }
+
+    #[tokio::test]
+    async fn reconcile_moves_the_replication_password_out_of_the_applications_secret() {
+        let db = held();
+        // A database from before the replication Secret: its password sits in the credentials.
+        let mut legacy = credentials::build(&db, &kept_passwords()).expect("builds");
+        let data = legacy.data.get_or_insert_with(Default::default);
+        data.insert(
+            credentials::REPLICATION_PASSWORD_KEY.into(),
+            k8s_openapi::ByteString(b"kept-replication".to_vec()),
+        );
+        let legacy = stamped(legacy);
+        let (api, client) = FakeApi::new(&db);
+        let cached = Cached { secrets: vec![legacy], ..Default::default() };
+        pipeline::reconcile(Arc::new(db), reconciler(client, cached)).await.expect("reconciles");
+        let applies = api.applies();
+        let secrets: Vec<&String> = applies.iter().filter(|a| a.starts_with("secrets/")).collect();
+        assert_eq!(secrets, ["secrets/production-db-replication", "secrets/production-db-credentials"]);
+        let written = |name: &str| {
+            api.requests()
+                .into_iter()
+                .find(|r| r.is_apply() && r.path.ends_with(name))
+                .map(|r| r.body)
+                .expect("applied")
+        };
+        let replication = written("/secrets/production-db-replication");
+        let kept = replication["data"][credentials::REPLICATION_PASSWORD_KEY].as_str().unwrap_or_default().to_string();
+        assert_eq!(kept, "a2VwdC1yZXBsaWNhdGlvbg==", "the same password, base64: {replication}");
+        let app = written("/secrets/production-db-credentials");
+        assert!(app["data"].get(credentials::REPLICATION_PASSWORD_KEY).is_none(), "{app}");
     }
 
     #[tokio::test]
@@ -1302,14 +1394,17 @@ mod tests {
         one.spec.backup = None;
         let cached = Cached {
             cron_jobs: backup::cronjob(&db).expect("builds").into_iter().collect(),
-            disruption_budgets: pdb::build(&db).expect("builds").into_iter().collect(),
+            disruption_budgets: {
+                let budgets = pdb::build(&db).expect("builds");
+                budgets.replicas.into_iter().chain(budgets.primary).collect()
+            },
             ..Default::default()
         };
         let (api, client) = FakeApi::new(&one);
         pipeline::reconcile(Arc::new(one), reconciler(client, cached)).await.expect("reconciles");
         let mut removed = deletes(&api);
         removed.sort();
-        assert_eq!(removed, ["production-db", "production-db-backup"]);
+        assert_eq!(removed, ["production-db", "production-db-backup", "production-db-primary"]);
         assert!(!api.applies().iter().any(|a| a.starts_with("cronjobs/") || a.starts_with("poddisruptionbudgets/")));
     }
 
@@ -1329,13 +1424,30 @@ mod tests {
     async fn reconcile_deletion_under_delete_removes_data_and_backups() {
         let db = deleted(DeletionPolicy::Delete);
         let (api, client) = FakeApi::new(&db);
-        let cached = Cached { claims: vec![data_claim(0), data_claim(1)], ..Default::default() };
+        // A stranger's volume wearing the data volumes' selector, but not naming this database.
+        let mut stranger = data_claim(2);
+        stranger
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("app.kubernetes.io/instance".into(), "other".into());
+        let cached = Cached {
+            claims: vec![data_claim(0), data_claim(1), stranger, backup::volume_claim(&db)],
+            secrets: vec![credentials(&db), replication(&db)],
+            ..Default::default()
+        };
         pipeline::reconcile(Arc::new(db), reconciler(client, cached)).await.expect("reconciles");
         let mut removed = deletes(&api);
         removed.sort();
         assert_eq!(
             removed,
-            ["data-production-db-0", "data-production-db-1", "production-db-backups", "production-db-credentials"]
+            [
+                "data-production-db-0",
+                "data-production-db-1",
+                "production-db-backups",
+                "production-db-credentials",
+                "production-db-replication"
+            ]
         );
         assert!(finalizer_removed(&api));
     }

@@ -13,11 +13,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::names;
 use super::observed::Observed;
 use super::statefulset::{
-    DATA_MOUNT, POSTGRES_UID, data_claim, empty_dir, env, image, instance_env, mount, scripts_volume,
+    DATA_MOUNT, POSTGRES_UID, data_claim, empty_dir, env, image, instance_env, mount, password_env, scripts_volume,
 };
 use crate::Result;
 use crate::api::MyDatabase;
-use crate::api::mydatabase::RestoreFrom;
+use crate::api::mydatabase::{RESTORE_TO_ANNOTATION, RestoreFrom};
 use crate::runtime::{jobs, pods, security};
 
 /// Where the source's backups volume is mounted, read-only.
@@ -41,6 +41,8 @@ pub enum Progress {
     NotNeeded,
     /// The source's backups volume is not in this namespace.
     SourceMissing { volume: String },
+    /// The source does not let this database restore from its backups.
+    NotAllowed { volume: String },
     /// The Job is to be created or has not finished.
     Running,
     /// The Job failed; its pod's termination message says why.
@@ -54,10 +56,12 @@ pub fn progress(db: &MyDatabase, observed: &Observed) -> Progress {
     if observed.statefulset.is_some() {
         return Progress::NotNeeded;
     }
+    let volume = names::backups_pvc_of(&from.database);
     let Some(job) = &observed.restore_job else {
-        return match observed.restore_source {
-            Some(_) => Progress::Running,
-            None => Progress::SourceMissing { volume: names::backups_pvc_of(&from.database) },
+        return match &observed.restore_source {
+            Some(source) if restore_allowed(source, db) => Progress::Running,
+            Some(_) => Progress::NotAllowed { volume },
+            None => Progress::SourceMissing { volume },
         };
     };
     match jobs::job_finished(job) {
@@ -73,6 +77,21 @@ pub fn progress(db: &MyDatabase, observed: &Observed) -> Progress {
             Progress::Failed { message: message.to_string() }
         }
     }
+}
+
+/// Whether the backups volume `source` lets `db` restore from it: it is
+/// `db`'s own name's, or its source named `db` (or `*`) in `spec.restoreTo`.
+pub fn restore_allowed(source: &PersistentVolumeClaim, db: &MyDatabase) -> bool {
+    if source.metadata.name.as_deref() == Some(names::backups_pvc(db).as_str()) {
+        return true;
+    }
+    let allowed = source.metadata.annotations.as_ref().and_then(|a| a.get(RESTORE_TO_ANNOTATION));
+    allowed.is_some_and(|names| {
+        names
+            .split(',')
+            .map(str::trim)
+            .any(|name| name == "*" || name == db.metadata.name.as_deref().unwrap_or_default())
+    })
 }
 
 fn claim_volume(name: &str, claim: String, read_only: bool) -> Volume {
@@ -92,8 +111,9 @@ fn job(db: &MyDatabase, from: &RestoreFrom) -> Result<Job> {
         image: Some(image(db)),
         command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "restore-new".into()]),
         env: Some(
-            instance_env(db)
+            instance_env()
                 .into_iter()
+                .chain(password_env(db))
                 .chain([
                     env("BACKUP_DIR", SOURCE_MOUNT),
                     env("RESTORE_SOURCE", names::backups_pvc_of(&from.database)),
@@ -123,6 +143,8 @@ fn job(db: &MyDatabase, from: &RestoreFrom) -> Result<Job> {
                 metadata: Some(ObjectMeta { labels: Some(names::labels(db, "restore")), ..Default::default() }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
+                    // A restore talks to no API server.
+                    automount_service_account_token: Some(false),
                     security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
                     containers: vec![container],
                     volumes: Some(vec![
@@ -145,6 +167,24 @@ fn job(db: &MyDatabase, from: &RestoreFrom) -> Result<Job> {
 mod tests {
     use super::*;
     use crate::mydatabase::tests::sample;
+
+    #[test]
+    fn only_a_source_that_names_the_database_may_be_restored_from() {
+        let db = sample();
+        let mut source = sample();
+        source.metadata.name = Some("old-db".into());
+        let volume = |restore_to: &[&str]| {
+            let mut source = source.clone();
+            source.spec.restore_to = restore_to.iter().map(|n| n.to_string()).collect();
+            crate::mydatabase::backup::volume_claim(&source)
+        };
+        assert!(!restore_allowed(&volume(&[]), &db), "a database's backups are its own");
+        assert!(!restore_allowed(&volume(&["other-db"]), &db));
+        assert!(restore_allowed(&volume(&["other-db", "production-db"]), &db));
+        assert!(restore_allowed(&volume(&["*"]), &db));
+        // Its own name's backups (a database re-created under it) always.
+        assert!(restore_allowed(&crate::mydatabase::backup::volume_claim(&db), &db));
+    }
 
     #[test]
     fn restore_fills_the_first_instances_volume_from_the_sources_backups() {

@@ -81,7 +81,7 @@ fn in_service(pod: &Pod, primary: &str, unmanaged: bool) -> bool {
 }
 
 fn ordinal(pod: &Pod) -> u32 {
-    pod.name_any().rsplit('-').next().and_then(|n| n.parse().ok()).unwrap_or(0)
+    super::names::ordinal(&pod.name_any()).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIProjection,
     DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, KeyToPath, ObjectFieldSelector,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec,
-    Probe, ProjectedVolumeSource, SecretKeySelector, SecretVolumeSource, ServiceAccountTokenProjection, Volume,
+    Probe, ProjectedVolumeSource, SecretKeySelector, SecretProjection, ServiceAccountTokenProjection, Volume,
     VolumeMount, VolumeProjection, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -32,15 +32,16 @@ pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
 }
 
+/// `name` from `key` of the application's Secret.
 pub fn secret_env(db: &MyDatabase, name: &str, key: &str) -> EnvVar {
+    env_from_secret(names::credentials(db), name, key)
+}
+
+fn env_from_secret(secret: String, name: &str, key: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: names::credentials(db),
-                key: key.into(),
-                optional: Some(false),
-            }),
+            secret_key_ref: Some(SecretKeySelector { name: secret, key: key.into(), optional: Some(false) }),
             ..Default::default()
         }),
         ..Default::default()
@@ -64,19 +65,24 @@ pub fn scripts_volume(db: &MyDatabase) -> Volume {
 /// without a restart (the script's `watch_credentials`).
 pub const CREDENTIALS_MOUNT: &str = "/etc/keelson/credentials";
 
+/// Both Secrets' passwords in one folder: the application's and the replication role's.
 fn credentials_volume(db: &MyDatabase) -> Volume {
+    let source = |secret: String, key: &str| VolumeProjection {
+        secret: Some(SecretProjection {
+            name: secret,
+            items: Some(vec![KeyToPath { key: key.into(), path: key.into(), mode: None }]),
+            optional: Some(false),
+        }),
+        ..Default::default()
+    };
     Volume {
         name: "credentials".into(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(names::credentials(db)),
-            items: Some(
-                [PASSWORD_KEY, REPLICATION_PASSWORD_KEY]
-                    .iter()
-                    .map(|key| KeyToPath { key: (*key).into(), path: (*key).into(), mode: None })
-                    .collect(),
-            ),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![
+                source(names::credentials(db), PASSWORD_KEY),
+                source(names::replication_secret(db), REPLICATION_PASSWORD_KEY),
+            ]),
             default_mode: Some(0o440),
-            ..Default::default()
         }),
         ..Default::default()
     }
@@ -121,15 +127,23 @@ fn live_probe() -> Probe {
 }
 
 /// What the script needs to set up an instance's data: where, the port, the
-/// application's database and role, and the passwords (from the Secret).
-pub fn instance_env(db: &MyDatabase) -> Vec<EnvVar> {
+/// application's database and role. The instances read the passwords from
+/// their mounted Secrets (`CREDENTIALS_DIR`): no password in the environment
+/// of a long-running process.
+pub fn instance_env() -> Vec<EnvVar> {
     vec![
         env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
         env("PGPORT", PORT.to_string()),
         env("APP_DB", APP_DB),
         env("APP_USER", APP_USER),
+    ]
+}
+
+/// Both passwords from their Secrets, for a Job that runs once (a restore).
+pub fn password_env(db: &MyDatabase) -> Vec<EnvVar> {
+    vec![
         secret_env(db, "APP_PASSWORD", PASSWORD_KEY),
-        secret_env(db, "REPLICATION_PASSWORD", REPLICATION_PASSWORD_KEY),
+        env_from_secret(names::replication_secret(db), "REPLICATION_PASSWORD", REPLICATION_PASSWORD_KEY),
     ]
 }
 
@@ -252,7 +266,7 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
         env: Some(
             vec![meta::field_env("POD_NAME", "metadata.name")]
                 .into_iter()
-                .chain(instance_env(db))
+                .chain(instance_env())
                 .chain([
                     // Whichever pod is the primary: replicas clone, stream and rejoin through -rw.
                     env("PRIMARY_HOST", names::rw_service(db)),
@@ -421,8 +435,9 @@ mod tests {
         let anti = pod.affinity.as_ref().and_then(|a| a.pod_anti_affinity.as_ref()).expect("anti-affinity");
         assert!(anti.preferred_during_scheduling_ignored_during_execution.is_some());
         let env = container.env.as_ref().expect("env");
-        let password = env.iter().find(|e| e.name == "APP_PASSWORD").expect("password env");
-        assert!(password.value.is_none(), "passwords come from the Secret, never inline");
+        // Passwords come from the mounted Secrets' files, never the environment.
+        assert!(!env.iter().any(|e| e.name.contains("PASSWORD")), "{env:?}");
+        assert!(env.iter().any(|e| e.name == "CREDENTIALS_DIR"));
         let primary = env.iter().find(|e| e.name == "PRIMARY_HOST").and_then(|e| e.value.clone());
         assert_eq!(primary.as_deref(), Some("production-db-rw"), "the primary is whichever pod -rw selects");
     }

@@ -56,7 +56,10 @@ pub fn observe_backups(jobs: &[Job]) -> Backups {
 }
 
 fn restore_blocks(progress: &Progress) -> bool {
-    matches!(progress, Progress::SourceMissing { .. } | Progress::Running | Progress::Failed { .. })
+    matches!(
+        progress,
+        Progress::SourceMissing { .. } | Progress::NotAllowed { .. } | Progress::Running | Progress::Failed { .. }
+    )
 }
 
 /// Ready=False while the data of `spec.restoreFrom` is not in place, saying why.
@@ -70,6 +73,15 @@ fn restore_condition(db: &MyDatabase, progress: &Progress) -> DesiredCondition {
             false,
             "RestoreSourceMissing",
             format!("spec.restoreFrom.database {database:?}: no backups volume {volume} in this namespace"),
+        ),
+        Progress::NotAllowed { volume } => DesiredCondition::new(
+            "Ready",
+            false,
+            "RestoreNotAllowed",
+            format!(
+                "spec.restoreFrom.database {database:?}: its backups ({volume}) may not be restored into this database; \
+                 the source must name it in spec.restoreTo"
+            ),
         ),
         Progress::Failed { message } => DesiredCondition::new("Ready", false, "RestoreFailed", message.clone()),
         _ => DesiredCondition::new("Ready", false, "Restoring", format!("restoring {backup} of {database}")),

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
@@ -21,7 +22,7 @@ use super::drift::{ChildChange, FieldDrift, classify, stamp_desired_hash};
 use super::metrics::{ChildWriteLabels, KindLabels};
 use super::outcome::{ChildFailure, Invalid, Outcome};
 use super::packed::{LabelsRead, Packed};
-use super::{cache, report};
+use super::{cache, ownership, report};
 use crate::{Error, Result};
 
 /// A namespaced Kubernetes object as kube's typed API and caches handle it.
@@ -137,7 +138,13 @@ impl<'a> Applier<'a> {
                     .await;
                 Ok(applied)
             }
-            Err(error) => Err(self.failure::<K>(&name, "apply", &error)),
+            Err(error) => {
+                if let Error::NotOurs { .. } = &error {
+                    let note = error.to_string();
+                    self.ctx.event(&self.owner, EventType::Warning, "NotOurs", "Apply", note).await;
+                }
+                Err(self.failure::<K>(&name, "apply", &error))
+            }
         }
     }
 
@@ -151,7 +158,9 @@ impl<'a> Applier<'a> {
         match desired {
             Some(desired) => self.apply(cache, desired).await,
             None => {
-                if !cache::is_synced(cache) || cache::get(cache, &self.namespace, name).is_some() {
+                // Only a child this owner controls: an object of that name may be someone else's.
+                let cached = cache::get(cache, &self.namespace, name);
+                if cached.is_some_and(|child| ownership::controlled_by(&child, self.owner.uid.as_deref())) {
                     self.delete::<K>(name, &DeleteParams::background()).await;
                 }
                 None
@@ -207,16 +216,22 @@ impl<'a> Applier<'a> {
         }
     }
 
+    /// Refuses a child of `desired`'s name that is not this owner's (see `ownership`).
+    fn ensure_ours<K: Child>(&self, actual: &K, desired: &K) -> Result<()> {
+        match ownership::not_ours(actual, desired, self.owner.uid.as_deref()) {
+            None => Ok(()),
+            Some(why) => Err(Error::NotOurs { object: format!("{} {}", K::kind(&()), actual.name_any()), why }),
+        }
+    }
+
     /// Applies `desired` when it is missing or differs from the cluster's copy.
     /// A cached copy that shows our last write (`OwnWrites`) is the cluster's
     /// copy: a difference is someone else's change (drift), written back at
-    /// once. So is the cache's "none" for a new owner's child this process
-    /// never wrote: the cache holds every child with Keelson's labels, so the
-    /// API server has none, or a stranger's that differs at least by those
-    /// labels, and a read would only delay the same apply. Any other cached
-    /// copy is trusted only to say "nothing to do"; a difference is confirmed
-    /// with the API server first (it may be our own write the cache has not
-    /// shown yet, or a child this process never wrote).
+    /// once. Any other cached copy is trusted only to say "nothing to do"; a
+    /// difference, or no cached copy, is confirmed with the API server first
+    /// (it may be our own write the cache has not shown yet, a child this
+    /// process never wrote, or an object of that name that is not Keelson's,
+    /// which the label-selected cache does not hold and which is refused).
     async fn apply_if_changed<K: Child + LabelsRead>(
         &self,
         cache: &Store<Packed<K>>,
@@ -227,6 +242,9 @@ impl<'a> Applier<'a> {
         let key = format!("{kind}/{}/{name}", self.namespace);
         stamp_desired_hash(&mut desired)?;
         let (cached, arrived) = cache::get_arrived(cache, &self.namespace, &name).unzip();
+        if let Some(cached) = &cached {
+            self.ensure_ours(cached, &desired)?;
+        }
         let change = classify(&desired, cached.as_ref())?;
         if let (ChildChange::Unchanged, Some(cached)) = (&change, &cached) {
             return Ok((cached.clone(), ChildChange::Unchanged));
@@ -243,10 +261,13 @@ impl<'a> Applier<'a> {
                     .observe(arrived.elapsed().as_secs_f64());
             }
             change
-        } else if cached.is_none() && !self.reconciled_before && !self.ctx.own_writes.wrote(&self.owner_key, &key) {
-            change
         } else {
+            // Also for a new child: an object of its name that is not Keelson's is not in the
+            // cache (which holds Keelson's labels only), and must not be taken over.
             let actual = api.get_opt(&name).await.map_err(Error::kube(format!("get {kind} {name}")))?;
+            if let Some(actual) = &actual {
+                self.ensure_ours(actual, &desired)?;
+            }
             let change = classify(&desired, actual.as_ref())?;
             if let (ChildChange::Unchanged, Some(actual)) = (&change, actual) {
                 return Ok((actual, ChildChange::Unchanged));

@@ -16,6 +16,7 @@ pub mod leader;
 pub mod meta;
 pub mod metrics;
 pub mod outcome;
+pub mod ownership;
 pub mod packed;
 pub mod permissions;
 pub mod pipeline;

@@ -41,6 +41,7 @@ impl ChildFailure {
                 (status.reason.clone(), status.message.clone(), status.code == 409)
             }
             Error::Kube { source, .. } => ("Unreachable".to_string(), source.to_string(), false),
+            Error::NotOurs { .. } => ("NotOurs".to_string(), error.to_string(), false),
             other => ("Internal".to_string(), other.to_string(), false),
         };
         Self { child, action, reason, message, conflict }

@@ -17,3 +17,8 @@ pub const EVENTS: &[Permission] =
 /// The leader-election Lease, in the operator's own namespace only.
 pub const LEADER_ELECTION: &[Permission] =
     &[Permission { group: "coordination.k8s.io", resources: &["leases"], verbs: &["get", "create", "update"] }];
+
+/// Which nodes are cordoned (a drain has begun), for the MyDatabase
+/// controller. Nodes are cluster-scoped: this lives in a ClusterRole of its
+/// own, bound cluster-wide also when the manager watches one namespace.
+pub const NODES: &[Permission] = &[Permission { group: "", resources: &["nodes"], verbs: &["list", "watch"] }];

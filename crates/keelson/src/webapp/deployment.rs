@@ -40,6 +40,8 @@ pub fn build(app: &WebApp) -> Result<Deployment> {
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(labels(app)), ..Default::default() }),
                 spec: Some(PodSpec {
+                    // The tutorial's web server needs no API access: no token in its pods.
+                    automount_service_account_token: Some(false),
                     containers: vec![Container {
                         name: CONTAINER_NAME.into(),
                         image: Some(app.spec.image.clone()),

@@ -144,11 +144,36 @@ mod tests {
         }
         assert!(api.status_writes().is_empty(), "0/3 pods is no news in the first seconds");
         let child_reads = || api.requests().iter().filter(|r| r.method == "GET" && !r.path.contains("webapps")).count();
-        assert_eq!(child_reads(), 0, "a new WebApp's children, absent from the cache, are applied without a read");
+        // Absent from the cache, which holds Keelson's only: each name is read once, in case a
+        // stranger's object has it.
+        assert_eq!(child_reads(), 2, "a new WebApp's children are read once before they are created");
 
-        // Again before the cache shows them: ours now, so read before writing again.
+        // Again before the cache shows them: read before writing again.
         pipeline::reconcile(Arc::new(app), reconciler).await.expect("reconciles");
-        assert_eq!(child_reads(), 2);
+        assert_eq!(child_reads(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_foreign_deployment_of_the_childs_name_is_left_untouched() {
+        let app = sample();
+        let (api, client) = FakeApi::new(&app);
+        // Someone's Deployment already has the name: no controller reference to this WebApp.
+        let foreign = serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "sandy-app", "namespace": "default", "uid": "theirs"},
+            "spec": {"replicas": 7, "selector": {"matchLabels": {"app": "theirs"}},
+                     "template": {"metadata": {"labels": {"app": "theirs"}}, "spec": {"containers": []}}}});
+        api.answer("GET", "/deployments/sandy-app", 200, foreign);
+        let reconciler = reconciler(client, vec![], vec![]);
+        pipeline::reconcile(Arc::new(app), reconciler).await.ok();
+        let touched = api.writes().into_iter().filter(|r| r.path.contains("/deployments/")).count();
+        assert_eq!(touched, 0, "the foreign Deployment was written to");
+        assert_eq!(api.applies(), ["services/sandy-app-service"], "the rest still converges");
+        let status = api.status_writes();
+        let ready = status.last().map(|w| w.body.to_string()).unwrap_or_default();
+        assert!(
+            ready.contains("Deployment sandy-app exists and is not Keelson's") && ready.contains("NotOurs"),
+            "{ready}"
+        );
     }
 
     /// A WebApp first found on its way a settle time ago (its creation time does not count: it

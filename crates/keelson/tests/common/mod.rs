@@ -69,6 +69,11 @@ pub async fn install(cluster: &Cluster) -> anyhow::Result<()> {
         .patch(manifests::rbac::CLUSTER_ROLE_NAME, &params, &Patch::Apply(&role))
         .await
         .context("install ClusterRole")?;
+    let node_reader = manifests::rbac::node_reader_role();
+    roles
+        .patch(manifests::rbac::NODE_READER_ROLE_NAME, &params, &Patch::Apply(&node_reader))
+        .await
+        .context("install the node reader ClusterRole")?;
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(cluster.client.clone());
     let policy = manifests::admission::instance_policy();
     policies
@@ -132,6 +137,42 @@ pub async fn grant_operator_rbac(cluster: &Cluster, ns: &TestNamespace) -> anyho
         };
         ns.api::<RoleBinding>().patch(name, &params, &Patch::Apply(&binding)).await.context("bind role")?;
     }
+    bind_cluster_wide(cluster, ns, manifests::rbac::NODE_READER_ROLE_NAME).await
+}
+
+/// Binds the ClusterRole `role` cluster-wide to the operator's ServiceAccount in `home`; the
+/// binding goes with that namespace.
+async fn bind_cluster_wide(cluster: &Cluster, home: &TestNamespace, role: &str) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
+    let owner = namespaces.get(&home.name).await.context("home namespace")?;
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(format!("keelson-test-{}-{role}", home.name)),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Namespace".into(),
+                name: home.name.clone(),
+                uid: owner.metadata.uid.clone().unwrap_or_default(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: role.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: OPERATOR_SA.into(),
+            namespace: Some(home.name.clone()),
+            ..Default::default()
+        }]),
+    };
+    let bindings: Api<ClusterRoleBinding> = Api::all(cluster.client.clone());
+    let name = binding.metadata.name.clone().unwrap_or_default();
+    let params = PatchParams::apply("keelson-tests").force();
+    bindings.patch(&name, &params, &Patch::Apply(&binding)).await.with_context(|| format!("bind {role}"))?;
     Ok(())
 }
 
@@ -158,38 +199,9 @@ impl TestOperator {
     /// for tests that delete the watched namespace with everything in it.
     pub async fn start_from(cluster: &Cluster, home: &TestNamespace, watched: &TestNamespace) -> anyhow::Result<Self> {
         install(cluster).await?;
-        let params = PatchParams::apply("keelson-tests").force();
         operator_service_account(home).await?;
-        let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
-        let owner = namespaces.get(&home.name).await.context("home namespace")?;
-        let binding = ClusterRoleBinding {
-            metadata: ObjectMeta {
-                name: Some(format!("keelson-test-{}", home.name)),
-                // Goes with the home namespace.
-                owner_references: Some(vec![OwnerReference {
-                    api_version: "v1".into(),
-                    kind: "Namespace".into(),
-                    name: home.name.clone(),
-                    uid: owner.metadata.uid.clone().unwrap_or_default(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            },
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "ClusterRole".into(),
-                name: manifests::rbac::CLUSTER_ROLE_NAME.into(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: OPERATOR_SA.into(),
-                namespace: Some(home.name.clone()),
-                ..Default::default()
-            }]),
-        };
-        let bindings: Api<ClusterRoleBinding> = Api::all(cluster.client.clone());
-        let name = binding.metadata.name.clone().unwrap_or_default();
-        bindings.patch(&name, &params, &Patch::Apply(&binding)).await.context("bind the ClusterRole")?;
+        bind_cluster_wide(cluster, home, manifests::rbac::CLUSTER_ROLE_NAME).await?;
+        bind_cluster_wide(cluster, home, manifests::rbac::NODE_READER_ROLE_NAME).await?;
         Self::start_with_identity_in(cluster, home, watched).await
     }
 

@@ -26,7 +26,8 @@
 #                                      (default: the newest) in $BACKUP_DIR
 #
 # Environment: PGDATA, PGPORT (5432), APP_DB, APP_USER, APP_PASSWORD,
-# REPLICATION_USER, REPLICATION_PASSWORD, PRIMARY_HOST, PRIMARY_PORT,
+# REPLICATION_USER, REPLICATION_PASSWORD (both passwords from files in
+# CREDENTIALS_DIR instead, where it is set), PRIMARY_HOST, PRIMARY_PORT,
 # BACKUP_DIR, BACKUP_SOURCE_HOST, TERMINATION_LOG, RETENTION (e.g. 7d, 12h, 4w), PGBIN (folder of the PostgreSQL
 # binaries, default: from PATH), POD_NAME (for `start`), PGHOST (the local
 # socket folder for `ready`, default /var/run/postgresql), ORDERS_DIR (the
@@ -61,6 +62,21 @@ upstream_host() {
 log() { printf '%s keelson-postgres: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >&2; }
 need() { [[ -n "${!1:-}" ]] || { log "$1 is not set"; exit 2; }; }
 
+# Passwords: the mounted Secrets' files (they follow rotation, and keep the
+# passwords out of the long-running processes' environment), else the
+# environment's (Jobs, tests). Read with `cat` (a path in its argv, not the password).
+secret_file() {
+  if [[ -n "${CREDENTIALS_DIR:-}" && -s "$CREDENTIALS_DIR/$1" ]]; then cat "$CREDENTIALS_DIR/$1"; else printf '%s' "$2"; fi
+}
+app_password() { secret_file password "${APP_PASSWORD:-}"; }
+need_passwords() {
+  [[ -n "$(app_password)" ]] || { log "no application password (CREDENTIALS_DIR/password or APP_PASSWORD)"; exit 2; }
+  [[ -n "$(replication_password)" ]] || { log "no replication password (CREDENTIALS_DIR/replication-password or REPLICATION_PASSWORD)"; exit 2; }
+}
+# SQL quoting, in bash builtins: values reach psql on its standard input, never in an argv.
+sql_literal() { local v="${1//\'/\'\'}"; printf "'%s'" "$v"; }
+sql_ident() { local v="${1//\"/\"\"}"; printf '"%s"' "$v"; }
+
 # Seconds in a retention such as 7d, 12h or 4w.
 retention_seconds() {
   local value="$1"
@@ -74,15 +90,13 @@ retention_seconds() {
 }
 
 init_primary() {
-  need PGDATA; need APP_PASSWORD; need REPLICATION_PASSWORD
+  need PGDATA; need_passwords
   if [[ -s "$PGDATA/PG_VERSION" ]]; then log "data folder already initialised"; return; fi
   log "initialising a new primary in $PGDATA"
   mkdir -p "$PGDATA"; chmod 700 "$PGDATA"
-  local pwfile; pwfile="$(mktemp)"
-  printf '%s\n' "$APP_PASSWORD" > "$pwfile"
-  "$(bin initdb)" -D "$PGDATA" --username=postgres --auth-local=trust --auth-host=scram-sha-256 \
-    --encoding=UTF8 --pwfile="$pwfile" >/dev/null
-  rm -f "$pwfile"
+  # The superuser gets no password: it logs in only over the local socket, as the OS user postgres.
+  "$(bin initdb)" -D "$PGDATA" --username=postgres --auth-local=peer --auth-host=scram-sha-256 \
+    --encoding=UTF8 >/dev/null
   cat >> "$PGDATA/postgresql.conf" <<CONF
 # Keelson
 listen_addresses = '*'
@@ -98,18 +112,16 @@ wal_retrieve_retry_interval = '1s'
 wal_receiver_timeout = '10s'
 wal_sender_timeout = '10s'
 CONF
-  cat > "$PGDATA/pg_hba.conf" <<HBA
-local all all trust
-host replication $REPLICATION_USER all scram-sha-256
-host all all all scram-sha-256
-HBA
+  write_hba
   start_private
+  {
+    printf 'CREATE ROLE %s LOGIN PASSWORD %s;\n' "$(sql_ident "$APP_USER")" "$(sql_literal "$(app_password)")"
+    printf 'CREATE ROLE %s REPLICATION LOGIN PASSWORD %s;\n' "$(sql_ident "$REPLICATION_USER")" \
+      "$(sql_literal "$(replication_password)")"
+  } | "$(bin psql)" -h "$PRIVATE_SOCKET" -p "$PGPORT" -U postgres -v ON_ERROR_STOP=1 -q
   "$(bin psql)" -h "$PRIVATE_SOCKET" -p "$PGPORT" -U postgres -v ON_ERROR_STOP=1 -q \
-    -v app_user="$APP_USER" -v app_password="$APP_PASSWORD" -v app_db="$APP_DB" \
-    -v repl_user="$REPLICATION_USER" -v repl_password="$REPLICATION_PASSWORD" <<'SQL'
-CREATE ROLE :"app_user" LOGIN PASSWORD :'app_password';
+    -v app_user="$APP_USER" -v app_db="$APP_DB" -v repl_user="$REPLICATION_USER" <<'SQL'
 CREATE DATABASE :"app_db" OWNER :"app_user";
-CREATE ROLE :"repl_user" REPLICATION LOGIN PASSWORD :'repl_password';
 -- Backups run as the app role: it reads every table, whoever created it (PostgreSQL 14+).
 SELECT format('GRANT pg_read_all_data TO %I', :'app_user')
   WHERE current_setting('server_version_num')::int >= 140000 \gexec
@@ -124,6 +136,20 @@ SELECT format('GRANT pg_checkpoint TO %I', :'repl_user')
 SQL
   stop_private
   log "primary initialised"
+}
+
+# Who may connect, written before every start (a clone copies its source's):
+# over the local socket only as one's own OS user (the pod's processes run as
+# postgres); over the network never as the superuser, replication only as the
+# replication role, everyone else with a SCRAM password.
+write_hba() {
+  cat > "$PGDATA/pg_hba.conf" <<HBA
+# Keelson writes this file before each start.
+local all all peer
+host all postgres all reject
+host replication $REPLICATION_USER all scram-sha-256
+host all all all scram-sha-256
+HBA
 }
 
 # A server on a socket of its own and no TCP, for setting up before anyone may connect.
@@ -161,21 +187,30 @@ restore_new() {
   # An earlier attempt that did not finish starts over: nobody has used this data.
   rm -rf "$PGDATA"
   init_primary
-  log "restoring $(basename "$file") into $APP_DB"
+  log "restoring $(basename "$file") into $APP_DB as $APP_USER"
+  # As the application role, not the superuser: a dump is another database's
+  # data and definitions, and what needs a superuser is refused. Only for this
+  # server on a private socket (no TCP), the app role logs in without a password.
+  cat > "$PGDATA/pg_hba.conf" <<HBA
+local all postgres peer
+local $APP_DB $APP_USER trust
+HBA
   start_private
-  if ! "$(bin pg_restore)" -h "$PRIVATE_SOCKET" -p "$PGPORT" -U postgres -d "$APP_DB" \
-      --no-owner --role="$APP_USER" --exit-on-error "$file"; then
+  if ! "$(bin pg_restore)" -h "$PRIVATE_SOCKET" -p "$PGPORT" -U "$APP_USER" -d "$APP_DB" \
+      --no-owner --exit-on-error "$file"; then
     stop_private
+    write_hba
     fail "pg_restore of $(basename "$file") from ${RESTORE_SOURCE:-$BACKUP_DIR} failed"
   fi
   stop_private
+  write_hba
   basename "$file" > "$marker"
   report "restored $(basename "$file") from ${RESTORE_SOURCE:-$BACKUP_DIR}"
   log "restore complete"
 }
 
 init_replica() {
-  need PGDATA; need PRIMARY_HOST; need REPLICATION_PASSWORD
+  need PGDATA; need PRIMARY_HOST; [[ -n "$(replication_password)" ]] || need REPLICATION_PASSWORD
   if [[ -s "$PGDATA/PG_VERSION" ]]; then log "data folder already initialised"; return; fi
   local upstream; upstream="$(upstream_host)"
   log "waiting for the primary $upstream:$PRIMARY_PORT"
@@ -195,7 +230,7 @@ init_replica() {
 # $PRIMARY_HOST: pg_rewind undoes what it wrote after the new primary's
 # timeline forked; when that cannot be done, a fresh clone replaces it.
 rejoin() {
-  need PGDATA; need PRIMARY_HOST; need REPLICATION_PASSWORD
+  need PGDATA; need PRIMARY_HOST; [[ -n "$(replication_password)" ]] || need REPLICATION_PASSWORD
   # 1: this replica stopped because it could not stream (see follow_orders_loop).
   local stalled="${1:-0}" marker upstream; marker="$(rejoin_marker)" upstream="$(upstream_host)"
   if [[ -f "$marker" ]]; then
@@ -322,6 +357,7 @@ prepare_for_role() {
   elif [[ ! -f "$PGDATA/standby.signal" ]]; then
     rejoin
   fi
+  write_hba
   # As the official image does: a volume's group permissions must not stop the server.
   chmod 700 "$PGDATA"
 }
@@ -477,13 +513,7 @@ SQL
 }
 
 # The replication password: the mounted Secret's (it follows rotation), else the environment's.
-replication_password() {
-  if [[ -n "${CREDENTIALS_DIR:-}" && -s "$CREDENTIALS_DIR/replication-password" ]]; then
-    cat "$CREDENTIALS_DIR/replication-password"
-  else
-    printf '%s' "$REPLICATION_PASSWORD"
-  fi
-}
+replication_password() { secret_file replication-password "${REPLICATION_PASSWORD:-}"; }
 
 # Streams from HOST from now on (the WAL receiver reconnects on reload).
 follow() {
@@ -493,11 +523,9 @@ follow() {
   if [[ -n "${ORDERS_DIR:-}" && -s "$ORDERS_DIR/hold" ]]; then log "held for a failover: not following $host yet"; return 1; fi
   conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica} $UPSTREAM_TIMEOUTS"
   conninfo+=" password=$(replication_password)"
-  env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
-      -d postgres -v ON_ERROR_STOP=1 -v conninfo="$conninfo" >/dev/null <<'SQL' || { log "could not follow $host"; return 1; }
-ALTER SYSTEM SET primary_conninfo = :'conninfo';
-SELECT pg_reload_conf();
-SQL
+  printf 'ALTER SYSTEM SET primary_conninfo = %s;\nSELECT pg_reload_conf();\n' "$(sql_literal "$conninfo")" \
+    | env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
+      -d postgres -v ON_ERROR_STOP=1 >/dev/null || { log "could not follow $host"; return 1; }
   log "streams from $host"
 }
 
@@ -566,14 +594,14 @@ apply_credentials() {
     # Not waiting for a synchronous standby: one that must log in with the new
     # password to stream (two instances, after a switchover) would never confirm
     # it. Each new primary sets the passwords again from the mounted Secret.
-    "${sql[@]}" -v app_user="$APP_USER" -v app_password="$(cat "$dir/password")" \
-      -v repl_user="$REPLICATION_USER" -v repl_password="$(cat "$dir/replication-password")" <<'SQL' || return 1
-BEGIN;
-SET LOCAL synchronous_commit = local;
-ALTER ROLE :"app_user" PASSWORD :'app_password';
-ALTER ROLE :"repl_user" PASSWORD :'repl_password';
-COMMIT;
-SQL
+    {
+      printf 'BEGIN;\nSET LOCAL synchronous_commit = local;\n'
+      printf 'ALTER ROLE %s PASSWORD %s;\n' "$(sql_ident "$APP_USER")" "$(sql_literal "$(cat "$dir/password")")"
+      printf 'ALTER ROLE %s PASSWORD %s;\n' "$(sql_ident "$REPLICATION_USER")" \
+        "$(sql_literal "$(cat "$dir/replication-password")")"
+      # No network login for the superuser (databases from before 2026-12-06 gave it the app's password).
+      printf 'ALTER ROLE postgres PASSWORD NULL;\nCOMMIT;\n'
+    } | "${sql[@]}" || return 1
   else
     local password conninfo host
     password="$(cat "$dir/replication-password")"
@@ -631,8 +659,9 @@ prune() {
 # ($BACKUP_SOURCE_HOST), else from the primary. Its name and size go to the
 # pod's termination message, where the operator reads them for status.
 # pg_dump -Fc of $APP_DB from HOST into FILE.
+# Dumps are readable by the backup's own user only (0600): they hold every row.
 dump_to() {
-  PGPASSWORD="$APP_PASSWORD" "$(bin pg_dump)" -h "$1" -p "$PRIMARY_PORT" -U "$APP_USER" -d "$APP_DB" -Fc -f "$2"
+  ( umask 077; PGPASSWORD="$APP_PASSWORD" "$(bin pg_dump)" -h "$1" -p "$PRIMARY_PORT" -U "$APP_USER" -d "$APP_DB" -Fc -f "$2" )
 }
 
 backup() {
