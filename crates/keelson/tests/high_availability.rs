@@ -446,7 +446,24 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             settled(&ns).await?;
             if disruption == Disruption::Switchover {
                 let restarts = postgres_restarts(&pods.get(&primary).await?);
-                assert_eq!(restarts, restarts_before, "{primary}'s postgres container restarted on a switchover");
+                if restarts != restarts_before {
+                    // What the container said before it ended, and why the kubelet says it did.
+                    let said = kubectl(&["-n", &ns.name, "logs", "-p", &primary, "-c", "postgres", "--tail=40"])
+                        .unwrap_or_else(|e| e.to_string());
+                    let why = kubectl(&[
+                        "-n",
+                        &ns.name,
+                        "get",
+                        "pod",
+                        &primary,
+                        "-o",
+                        "jsonpath={.status.containerStatuses[?(@.name=='postgres')].lastState}",
+                    ])
+                    .unwrap_or_else(|e| e.to_string());
+                    panic!(
+                        "{primary}'s postgres container restarted on a switchover ({restarts_before:?} → {restarts:?}): {why}\n{said}"
+                    );
+                }
             }
             // Keelson completes the record once it saw the new primary serve, which may come after
             // the database settled (a former primary now rejoins within seconds, in its container).

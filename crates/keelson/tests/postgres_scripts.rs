@@ -483,9 +483,21 @@ async fn instance_probe_reads_roles_version_and_lag_from_real_servers() -> anyho
     let pid =
         std::fs::read_to_string(replica.data.join("postmaster.pid"))?.lines().next().unwrap_or_default().to_string();
     let signal = |name: &str| std::process::Command::new("kill").args([name, &pid]).status();
+    // The liveness probe's verdict, on the same server (the socket folder is PGHOST).
+    let live = || -> anyhow::Result<bool> {
+        let mut env = base_env(&replica.data);
+        env.extend([
+            ("PGHOST", replica.socket_dir().to_string_lossy().into_owned()),
+            ("PGPORT", replica.port.to_string()),
+        ]);
+        Ok(run(&script, &["live"], &env)?.status.success())
+    };
+    assert!(live()?, "a running server is alive");
     anyhow::ensure!(signal("-STOP")?.success(), "cannot stop the replica's postmaster {pid}");
     let frozen = probe_of(&replica).look(Duration::from_secs(2)).await;
+    let frozen_live = live();
     signal("-CONT")?;
+    assert!(!frozen_live?, "a frozen postmaster passed the liveness probe");
     let unanswered = frozen.expect_err("a frozen postmaster gives no report");
     assert!(!unanswered.responds, "a frozen postmaster responded: {}", unanswered.error);
     Ok(())

@@ -614,11 +614,15 @@ apply_credentials() {
   if [[ "$in_recovery" == f ]]; then log "credentials applied to the roles"; else log "credentials applied to streaming"; fi
 }
 
-# Liveness: the server accepts connections, or it is still starting (set up
+# Liveness: the server responds (accepting, or starting or stopping), or it is still starting (set up
 # for its role, recovering): long work is not killed.
 live() {
-  [[ -f "$(starting_marker)" ]] && exit 0
-  exec "$(bin pg_isready)" -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT"
+  [[ -f "$(starting_marker)" || -f "$(restart_marker)" ]] && exit 0
+  # 0: accepting; 1: rejecting, i.e. starting up or shutting down (a stepped-down primary's fast
+  # shutdown waits for its standbys): alive. 2: no response at all (hung): not.
+  local status=0
+  "$(bin pg_isready)" -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" || status=$?
+  [[ $status -ne 2 ]]
 }
 
 # Ready means what clients expect of the Services: the primary accepts
