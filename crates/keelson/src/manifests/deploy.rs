@@ -63,25 +63,22 @@ fn subject() -> Vec<Subject> {
 }
 
 pub fn cluster_role_binding() -> ClusterRoleBinding {
-    ClusterRoleBinding {
-        metadata: meta(CLUSTER_ROLE_NAME, None),
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: CLUSTER_ROLE_NAME.into(),
-        },
-        subjects: Some(subject()),
-    }
+    cluster_binding(CLUSTER_ROLE_NAME)
 }
 
 /// Binds the node reader cluster-wide, also in namespaced mode (nodes have no namespace).
 pub fn node_reader_binding() -> ClusterRoleBinding {
+    cluster_binding(NODE_READER_ROLE_NAME)
+}
+
+/// The ClusterRole `role` bound cluster-wide to the manager, under the same name.
+fn cluster_binding(role: &str) -> ClusterRoleBinding {
     ClusterRoleBinding {
-        metadata: meta(NODE_READER_ROLE_NAME, None),
+        metadata: meta(role, None),
         role_ref: RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "ClusterRole".into(),
-            name: NODE_READER_ROLE_NAME.into(),
+            name: role.into(),
         },
         subjects: Some(subject()),
     }

@@ -63,17 +63,14 @@ pub async fn install(cluster: &Cluster) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("CRD {name} not established"))??;
     }
-    let role = manifests::rbac::cluster_role();
     let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(cluster.client.clone());
-    roles
-        .patch(manifests::rbac::CLUSTER_ROLE_NAME, &params, &Patch::Apply(&role))
-        .await
-        .context("install ClusterRole")?;
-    let node_reader = manifests::rbac::node_reader_role();
-    roles
-        .patch(manifests::rbac::NODE_READER_ROLE_NAME, &params, &Patch::Apply(&node_reader))
-        .await
-        .context("install the node reader ClusterRole")?;
+    for role in [manifests::rbac::cluster_role(), manifests::rbac::node_reader_role()] {
+        let name = role.metadata.name.clone().unwrap_or_default();
+        roles
+            .patch(&name, &params, &Patch::Apply(&role))
+            .await
+            .with_context(|| format!("install ClusterRole {name}"))?;
+    }
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(cluster.client.clone());
     let policy = manifests::admission::instance_policy();
     policies
