@@ -110,7 +110,7 @@ if [[ -f config/samples/mydatabase.yaml ]]; then
   run kubectl exec "$primary" -- psql -d app -c "select application_name, client_addr, state, sync_state from pg_stat_replication"
   say "A row written through the -rw Service with the connection Secret's URI, read on a replica"
   # shellcheck disable=SC2016
-  run kubectl exec "$replica" -- bash -c 'psql "postgresql://app:$APP_PASSWORD@production-db-rw:5432/app" -c "create table if not exists orders (id int primary key, item text)" -c "insert into orders values (1, '"'"'written through -rw'"'"') on conflict do nothing"'
+  run kubectl exec "$replica" -- bash -c 'psql "postgresql://app:$(cat /etc/keelson/credentials/password)@production-db-rw:5432/app?sslmode=verify-full&sslrootcert=/etc/keelson/tls/ca.crt" -c "create table if not exists orders (id int primary key, item text)" -c "insert into orders values (1, '"'"'written through -rw'"'"') on conflict do nothing"'
   until [[ "$(kubectl exec "$replica" -- psql -d app -tAc "select count(*) from orders" 2>/dev/null)" == 1 ]]; do sleep 0.2; done
   run kubectl exec "$replica" -- psql -d app -c "select pg_is_in_recovery() as replica, * from orders"
   say "A backup now, from the CronJob's own template (as 02:00 would run it), taken from a replica"

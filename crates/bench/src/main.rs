@@ -613,6 +613,8 @@ fn database(i: usize) -> MyDatabase {
             restore_to: Vec::new(),
             deletion_policy: DeletionPolicy::Delete,
             replication: Default::default(),
+            superuser_access: false,
+            tls: None,
         },
     )
 }

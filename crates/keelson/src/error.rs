@@ -33,6 +33,9 @@ pub enum Error {
     #[error("{object} exists and is not Keelson's: {why}; it is left untouched (delete or rename it)")]
     NotOurs { object: String, why: String },
 
+    #[error("could not generate {what}: {reason}")]
+    Certificate { what: &'static str, reason: String },
+
     /// Children the API server refused; the rest were applied and status written.
     #[error("{summary}")]
     ChildrenFailed { summary: String, conflict: bool },
@@ -57,6 +60,7 @@ impl Error {
             Error::TimedOut(_) => "timed_out",
             Error::Serialize { .. } => "serialize",
             Error::NotOurs { .. } => "not_ours",
+            Error::Certificate { .. } => "certificate",
         }
     }
 

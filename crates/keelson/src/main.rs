@@ -51,6 +51,9 @@ enum InstanceCommand {
     Run(keelson::instance::RunArgs),
     /// Copy this binary to PATH (an init container's job).
     Install { path: std::path::PathBuf },
+    /// Print the SCRAM-SHA-256 verifier of the password read from stdin (what
+    /// `ALTER ROLE … PASSWORD` is given, so the password never reaches the server).
+    ScramVerifier,
 }
 
 #[derive(Subcommand, Clone)]
@@ -101,6 +104,7 @@ async fn run() -> ExitCode {
                     keelson::instance::run(args).await
                 }
                 InstanceCommand::Install { path } => keelson::instance::install(&path),
+                InstanceCommand::ScramVerifier => keelson::instance::print_scram_verifier(),
             };
             match outcome {
                 Ok(()) => ExitCode::SUCCESS,
@@ -117,13 +121,7 @@ async fn run() -> ExitCode {
                     let ns = manifests::deploy::NAMESPACE;
                     Ok(role + &manifests::to_yaml_stream(&[manifests::rbac::leader_election_role(ns)])?)
                 }),
-                ManifestKind::All => manifests::files().map(|files| {
-                    files
-                        .into_iter()
-                        .filter(|(path, _)| !path.ends_with("kustomization.yaml"))
-                        .map(|(_, text)| text)
-                        .collect()
-                }),
+                ManifestKind::All => manifests::install_stream(),
                 ManifestKind::Write { root } => match manifests::files() {
                     Ok(files) => {
                         for (path, content) in files {

@@ -149,14 +149,13 @@ async fn tutorial_database_runs_with_every_child() -> anyhow::Result<()> {
 
     let table = kubectl(&["-n", &ns.name, "get", "mydb"])?;
     let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "PHASE", "READY", "REPLICAS", "VERSION", "LAST", "BACKUP", "AGE"], "{table}");
-    assert!(table.lines().nth(1).unwrap_or_default().split_whitespace().take(5).eq([
-        "production-db",
-        "Running",
-        "true",
-        "3/3",
-        "15.2"
-    ]));
+    assert_eq!(
+        header,
+        ["NAME", "PHASE", "READY", "REPLICAS", "PRIMARY", "VERSION", "LAST", "BACKUP", "AGE"],
+        "{table}"
+    );
+    let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().take(6).collect();
+    assert_eq!(row, ["production-db", "Running", "true", "3/3", "production-db-0", "15.2"], "{table}");
     Ok(())
 }
 

@@ -288,6 +288,7 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
     let apply = |server: &Server| -> anyhow::Result<()> {
         let env = [
             ("PGBIN", postgres::bindir().to_string_lossy().into_owned()),
+            ("PGDATA", server.data.to_string_lossy().into_owned()),
             ("PGHOST", server.socket_dir().to_string_lossy().into_owned()),
             ("PGPORT", server.port.to_string()),
             ("CREDENTIALS_DIR", credentials.to_string_lossy().into_owned()),
@@ -298,6 +299,17 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
     };
     apply(&primary)?;
     assert_eq!(primary.psql("app", "rotated-app", "app", "SELECT 1")?, "1", "the new password does not log in");
+    // Superuser access (spec.superuserAccess mounts its password): on, the superuser logs in over
+    // TCP with it; off again (the file gone), pg_hba.conf rejects it before any password.
+    assert!(primary.psql("postgres", "su-secret", "postgres", "SELECT 1").is_err(), "superuser in by default");
+    std::fs::write(credentials.join("superuser-password"), "su-secret")?;
+    postgres::chown_postgres(&credentials)?;
+    apply(&primary)?;
+    assert_eq!(primary.psql("postgres", "su-secret", "postgres", "SELECT 1")?, "1", "superuser access on");
+    std::fs::remove_file(credentials.join("superuser-password"))?;
+    apply(&primary)?;
+    let refused = primary.psql("postgres", "su-secret", "postgres", "SELECT 1").expect_err("superuser access off");
+    assert!(refused.to_string().contains("pg_hba.conf rejects connection"), "{refused}");
     assert!(primary.psql("app", APP_PASSWORD, "app", "SELECT 1").is_err(), "the old password still logs in");
     apply(&replica)?;
     let conninfo = replica.psql_superuser("postgres", "SELECT current_setting('primary_conninfo')")?;

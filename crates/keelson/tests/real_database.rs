@@ -3,6 +3,7 @@
 
 mod common;
 
+use anyhow::Context as _;
 use common::TestOperator;
 use k8s_openapi::api::core::v1::Secret;
 use keelson::api::MyDatabase;
@@ -32,11 +33,17 @@ fn sql_in(ns: &TestNamespace, pod: &str, sql: &str) -> anyhow::Result<String> {
         .to_string())
 }
 
-/// A client pod that runs `psql` with a key of the connection Secret as its URI.
+/// A client pod that runs `psql` with a key of the connection Secret as its URI, trusting the
+/// Secret's CA (the URI asks for `sslmode=verify-full`).
 fn client(name: &str, uri_key: &str, script: &str) -> serde_json::Value {
+    database_client("production-db", name, uri_key, script)
+}
+
+fn database_client(db: &str, name: &str, uri_key: &str, script: &str) -> serde_json::Value {
     let mut pod = shell_pod(name, "postgres:15.2", script);
     pod["spec"]["containers"][0]["env"] = json!([{"name": "URI",
-        "valueFrom": {"secretKeyRef": {"name": "production-db-credentials", "key": uri_key}}}]);
+        "valueFrom": {"secretKeyRef": {"name": format!("{db}-credentials"), "key": uri_key}}}]);
+    common::clients::trust_database_ca(&mut pod, db);
     pod
 }
 
@@ -63,10 +70,30 @@ async fn tutorial_database_streams_to_two_replicas_and_serves_its_connection_sec
     .await?;
 
     // Through the Secret's URI (the -rw Service, cluster DNS, the app role's password).
+    // With TLS, the server's certificate verified against the Secret's CA (`sslmode=verify-full`).
     let write = "psql \"$URI\" -v ON_ERROR_STOP=1 -At -c 'CREATE TABLE orders (id int PRIMARY KEY, item text)' \
-                 -c \"INSERT INTO orders VALUES (1, 'written through -rw')\" -c 'SELECT pg_is_in_recovery()'";
+                 -c \"INSERT INTO orders VALUES (1, 'written through -rw')\" \
+                 -c 'SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()' -c 'SELECT pg_is_in_recovery()'";
     let written = run(&ns, client("writer", "uri", write)).await?;
-    assert!(written.succeeded && written.logs.trim_end().ends_with('f'), "psql \"$uri\" failed: {}", written.logs);
+    assert!(written.succeeded && written.logs.trim_end().ends_with("t\nf"), "psql \"$uri\" failed: {}", written.logs);
+    assert!(run(&ns, client("uri-check", "uri", "echo \"$URI\"")).await?.logs.contains("sslmode=verify-full"));
+    // Replication is encrypted too.
+    let encrypted = "SELECT count(*) FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid) WHERE s.ssl";
+    eventually(DEFAULT_TIMEOUT, "both replicas streaming over TLS", || async {
+        sql_in(&ns, "production-db-0", encrypted).is_ok_and(|n| n == "2")
+    })
+    .await?;
+    // ... and each replica checks its primary's certificate against the database's CA.
+    for replica in ["production-db-1", "production-db-2"] {
+        // (pg_basebackup -R quotes the values; the password is left out of any message.)
+        let ssl = sql_in(
+            &ns,
+            replica,
+            "SELECT substring(c from 'sslmode=''?([^'' ]+)') || ' ' || substring(c from 'sslrootcert=''?([^'' ]+)') \
+             FROM current_setting('primary_conninfo') c",
+        )?;
+        assert!(ssl.starts_with("verify-ca /"), "{replica}: sslmode and sslrootcert {ssl}");
+    }
 
     // The application's password is the app role's only: not the superuser's over the network,
     // no shell through COPY ... TO PROGRAM, no replication stream of the whole cluster.
@@ -75,15 +102,24 @@ export PGPASSWORD="$password" PGCONNECT_TIMEOUT=5
 psql -h "$host" -U postgres -d app -X -At -c 'SELECT 1' 2>&1 && echo SUPERUSER-LOGGED-IN
 psql "$URI" -X -At -c "COPY (SELECT 1) TO PROGRAM 'id'" 2>&1 && echo PROGRAM-RAN
 psql "host=$host user=app dbname=app replication=true" -X -At -c 'IDENTIFY_SYSTEM' 2>&1 && echo REPLICATION-ALLOWED
+psql "host=$host user=app dbname=app sslmode=disable" -X -At -c 'SELECT 1' 2>&1 && echo PLAINTEXT-ALLOWED
+# A CA that did not sign the server's certificate (another database's): verify-full refuses it.
+printf '%s\n' "$OTHER_CA" > /tmp/other-ca.crt
+PGSSLROOTCERT=/tmp/other-ca.crt psql "$URI" -X -At -c 'SELECT 1' 2>&1 && echo UNVERIFIED-ACCEPTED
 echo checked"#;
-    let tried = run(&ns, client("escapes", "uri", escapes)).await?;
+    let mut escapes = client("escapes", "uri", escapes);
+    let env = &mut escapes["spec"]["containers"][0]["env"];
+    env.as_array_mut().expect("env").push(json!({"name": "OTHER_CA", "value": other_ca()?}));
+    let tried = run(&ns, escapes).await?;
     // ... and the Secret applications mount holds no replication credential: its own Secret does.
     let app_secret = ns.api::<Secret>().get("production-db-credentials").await?;
     let keys: Vec<String> = app_secret.data.unwrap_or_default().into_keys().collect();
-    assert_eq!(keys, ["database", "host", "jdbc-uri", "password", "pgpass", "port", "uri", "username"]);
+    assert_eq!(keys, ["ca.crt", "database", "host", "jdbc-uri", "password", "pgpass", "port", "uri", "username"]);
     assert!(!secret_value(&ns, "production-db-replication", "replication-password").await?.is_empty());
     assert!(tried.logs.contains("checked"), "{}", tried.logs);
-    for escaped in ["SUPERUSER-LOGGED-IN", "PROGRAM-RAN", "REPLICATION-ALLOWED"] {
+    for escaped in
+        ["SUPERUSER-LOGGED-IN", "PROGRAM-RAN", "REPLICATION-ALLOWED", "PLAINTEXT-ALLOWED", "UNVERIFIED-ACCEPTED"]
+    {
         assert!(!tried.logs.contains(escaped), "{escaped}: {}", tried.logs);
     }
     assert!(
@@ -92,6 +128,8 @@ echo checked"#;
         tried.logs
     );
     assert!(tried.logs.contains("pg_execute_server_program"), "{}", tried.logs);
+    assert!(tried.logs.contains("no encryption"), "a plaintext connection was not refused by pg_hba: {}", tried.logs);
+    assert!(tried.logs.contains("certificate verify failed"), "{}", tried.logs);
 
     for replica in ["production-db-1", "production-db-2"] {
         eventually(DEFAULT_TIMEOUT, "the row to reach the replica", || async {
@@ -164,11 +202,20 @@ echo checked"#;
     }
     let own_password = secret_value(&ns, "restored-db-credentials", "password").await?;
     assert_ne!(own_password, source_password, "the restored database took the source's password");
-    let mut login = client("login", "uri", "psql \"$URI\" -At -c 'SELECT count(*) FROM orders'");
-    login["spec"]["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]["name"] = json!("restored-db-credentials");
+    let login = database_client("restored-db", "login", "uri", "psql \"$URI\" -At -c 'SELECT count(*) FROM orders'");
     let logged_in = run(&ns, login).await?;
     assert!(logged_in.succeeded && logged_in.logs.trim() == "1", "its own credentials: {}", logged_in.logs);
     Ok(())
+}
+
+/// The CA of another database, which never signed this one's certificate.
+fn other_ca() -> anyhow::Result<String> {
+    let other: MyDatabase = serde_json::from_value(json!({
+        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase",
+        "metadata": {"name": "other-db", "namespace": "elsewhere", "uid": "00000000-0000-4000-8000-000000000001"},
+        "spec": {"replicas": 1, "version": "15.2", "storage": "1Gi"}
+    }))?;
+    Ok(keelson::mydatabase::tls::certificates(&other, None, None, chrono::Utc::now())?.ca_cert)
 }
 
 async fn secret_value(ns: &TestNamespace, secret: &str, key: &str) -> anyhow::Result<String> {
@@ -222,6 +269,10 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
     let pods = ns.api::<k8s_openapi::api::core::v1::Pod>();
     let uid_before = pods.get("small-db-0").await?.metadata.uid;
 
+    // Every statement the primary runs is logged while the password changes: what reaches the
+    // server must be a SCRAM verifier Keelson computed, never the password.
+    sql_in(&ns, "small-db-0", "ALTER SYSTEM SET log_statement = 'all'")?;
+    sql_in(&ns, "small-db-0", "SELECT pg_reload_conf()")?;
     // Rotation: a new password in the Secret logs in through -rw; the old one no longer does.
     let old_password = secret_value(&ns, "small-db-credentials", "password").await?;
     let patch = json!({"stringData": {"password": "rotated-by-the-test"}});
@@ -258,6 +309,13 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
         let spec = serde_json::to_string(&pods.get(pod).await?.spec)?;
         assert!(!spec.contains("APP_PASSWORD") && !spec.contains("REPLICATION_PASSWORD"), "passwords in {pod}'s env");
     }
+    let primary_log = kubectl(&["-n", &ns.name, "logs", "small-db-0", "-c", "postgres"])?;
+    assert!(
+        primary_log.contains("ALTER ROLE \"app\" PASSWORD 'SCRAM-SHA-256$4096:"),
+        "the rotation's statement is not in the log, or carries no verifier: {primary_log}"
+    );
+    sql_in(&ns, "small-db-0", "ALTER SYSTEM RESET log_statement")?;
+    sql_in(&ns, "small-db-0", "SELECT pg_reload_conf()")?;
 
     // The replication password too, and a switchover right after (there and back), before the
     // kubelet has brought the new Secret to every pod: each former primary is rewound, not cloned
@@ -479,5 +537,181 @@ async fn deletion_policies_act_on_real_data() -> anyhow::Result<()> {
     testkit::wait_for(&dbs, "after-snap", "the database restored from the final backup", DEFAULT_TIMEOUT, running(1))
         .await?;
     assert_eq!(sql_in(&ns, "after-snap-0", "SELECT v FROM t")?, "the last row");
+    Ok(())
+}
+
+/// The serial of the certificate the server in `pod` presents in a TLS handshake (openssl in
+/// the pod, on its own loopback).
+fn served_serial(ns: &TestNamespace, pod: &str) -> anyhow::Result<String> {
+    let handshake = "openssl s_client -starttls postgres -connect 127.0.0.1:5432 </dev/null 2>/dev/null \
+                     | openssl x509 -noout -serial";
+    Ok(kubectl(&["-n", &ns.name, "exec", pod, "-c", "postgres", "--", "bash", "-c", handshake])?.trim().to_string())
+}
+
+/// The serial of the certificate in the Secret `secret`.
+async fn secret_serial(ns: &TestNamespace, secret: &str) -> anyhow::Result<String> {
+    use std::io::Write as _;
+    let pem = secret_value(ns, secret, "tls.crt").await?;
+    let mut openssl = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-serial"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    openssl.stdin.take().context("stdin")?.write_all(pem.as_bytes())?;
+    let out = openssl.wait_with_output()?;
+    anyhow::ensure!(out.status.success(), "not a certificate: {pem}");
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
+#[tokio::test]
+async fn a_renewed_certificate_is_served_without_ending_a_session() -> anyhow::Result<()> {
+    use common::clients::{SESSION_WRITER, acknowledged, ended, now_ms};
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-tls-renewal").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let dbs = ns.api::<MyDatabase>();
+    dbs.create(
+        &PostParams::default(),
+        &database("tls-db", json!({"replicas": 2, "version": "15.2", "storage": "1Gi"}))?,
+    )
+    .await?;
+    testkit::wait_for(&dbs, "tls-db", "Running 2/2", DEFAULT_TIMEOUT, running(2)).await?;
+    let primary = dbs.get("tls-db").await?.status.and_then(|s| s.current_primary).context("a primary")?;
+    sql_in(&ns, &primary, "CREATE TABLE acked_session (id int PRIMARY KEY); GRANT ALL ON acked_session TO app")?;
+    // A session held open through -rw with verify-full, as a pool holds it.
+    let pods = ns.api::<k8s_openapi::api::core::v1::Pod>();
+    let session = common::clients::client("tls-db", "session", SESSION_WRITER);
+    pods.create(&PostParams::default(), &serde_json::from_value(session)?).await?;
+    let commits_after = |since: u128| {
+        let pods = &pods;
+        move || async move {
+            let logs = pods.logs("session", &Default::default()).await.unwrap_or_default();
+            acknowledged(&logs).iter().filter(|(_, at)| *at > since).count() >= 20
+        }
+    };
+    eventually(DEFAULT_TIMEOUT, "the session to commit", commits_after(0)).await?;
+
+    let first = secret_serial(&ns, "tls-db-server").await?;
+    for pod in ["tls-db-0", "tls-db-1"] {
+        assert_eq!(served_serial(&ns, pod)?, first, "{pod} presents another certificate than its Secret's");
+    }
+    // Renewal on demand: the certificate's Secret deleted, Keelson issues a new one from the same CA.
+    ns.api::<Secret>().delete("tls-db-server", &DeleteParams::default()).await?;
+    eventually(DEFAULT_TIMEOUT, "a new certificate in tls-db-server", || async {
+        secret_serial(&ns, "tls-db-server").await.is_ok_and(|serial| serial != first)
+    })
+    .await?;
+    let renewed = secret_serial(&ns, "tls-db-server").await?;
+    // The kubelet brings the Secret to the pods within its sync period; the servers reload it.
+    eventually(DEFAULT_TIMEOUT, "both servers to present the new certificate", || async {
+        ["tls-db-0", "tls-db-1"].iter().all(|pod| served_serial(&ns, pod).is_ok_and(|serial| serial == renewed))
+    })
+    .await?;
+    let renewed_at = now_ms();
+    eventually(DEFAULT_TIMEOUT, "the session to go on committing", commits_after(renewed_at)).await?;
+    eventually(DEFAULT_TIMEOUT, "the session to be told to stop", || async {
+        kubectl(&["-n", &ns.name, "exec", "session", "--", "touch", "/tmp/stop"]).is_ok()
+    })
+    .await?;
+    let logs = ended(&ns, "session").await?;
+    let failures: Vec<&str> = logs.lines().filter(|l| l.starts_with("failed")).collect();
+    assert!(failures.is_empty(), "the session broke during the renewal: {failures:?}");
+    let acked = acknowledged(&logs);
+    let stored = sql_in(&ns, &primary, "SELECT count(*) FROM acked_session")?;
+    assert_eq!(stored, acked.len().to_string(), "every acknowledged commit is stored");
+    // A new connection verifies the renewed certificate against the CA the application already has.
+    let login = database_client("tls-db", "after-renewal", "uri", "psql \"$URI\" -At -c 'SELECT 1'");
+    let logged_in = run(&ns, login).await?;
+    assert!(logged_in.succeeded && logged_in.logs.trim() == "1", "{}", logged_in.logs);
+
+    // spec.superuserAccess: the superuser logs in over TLS with the password of its own Secret;
+    // turned off, the Secret goes and the same password is refused.
+    let access = |on: bool| json!({"spec": {"superuserAccess": on}});
+    let params = kube::api::PatchParams::default();
+    dbs.patch("tls-db", &params, &kube::api::Patch::Merge(access(true))).await?;
+    eventually(DEFAULT_TIMEOUT, "the superuser Secret", || async {
+        secret_value(&ns, "tls-db-superuser", "password").await.is_ok_and(|p| !p.is_empty())
+    })
+    .await?;
+    let password = secret_value(&ns, "tls-db-superuser", "password").await?;
+    let attempts = std::sync::atomic::AtomicUsize::new(0);
+    eventually(DEFAULT_TIMEOUT, "the superuser to log in with its Secret's URI", || async {
+        let n = attempts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let script = "psql \"$URI\" -X -At -c 'SELECT rolsuper FROM pg_roles WHERE rolname = current_user'";
+        let mut pod = shell_pod(&format!("superuser-{n}"), "postgres:15.2", script);
+        pod["spec"]["containers"][0]["env"] =
+            json!([{"name": "URI", "valueFrom": {"secretKeyRef": {"name": "tls-db-superuser", "key": "uri"}}}]);
+        common::clients::trust_database_ca(&mut pod, "tls-db");
+        run(&ns, pod).await.is_ok_and(|done| done.succeeded && done.logs.trim() == "t")
+    })
+    .await?;
+    dbs.patch("tls-db", &params, &kube::api::Patch::Merge(access(false))).await?;
+    testkit::wait_for_deletion(&ns.api::<Secret>(), "tls-db-superuser", "the superuser Secret to go", DEFAULT_TIMEOUT)
+        .await?;
+    let as_superuser = format!(
+        "PGPASSWORD='{password}' psql 'host=tls-db-rw user=postgres dbname=postgres sslmode=require' -X -At -c 'SELECT 1' 2>&1 || true"
+    );
+    eventually(DEFAULT_TIMEOUT, "the superuser to be refused again", || async {
+        let out = kubectl(&["-n", &ns.name, "exec", "tls-db-1", "-c", "postgres", "--", "bash", "-c", &as_superuser]);
+        out.is_ok_and(|said| said.contains("pg_hba.conf rejects connection"))
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_certificate_from_elsewhere_is_presented_once_its_secret_names_the_database() -> anyhow::Result<()> {
+    use keelson::api::mydatabase::SERVER_CERTIFICATE_FOR_LABEL;
+    use keelson::mydatabase::tls;
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-own-cert").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let dbs = ns.api::<MyDatabase>();
+    let spec = json!({"replicas": 1, "version": "15.2", "storage": "1Gi", "tls": {"serverSecret": "company-cert"}});
+    dbs.create(&PostParams::default(), &database("own-cert-db", spec.clone())?).await?;
+    let reason = |wanted: &'static str| {
+        move |db: &MyDatabase| {
+            db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.reason == wanted))
+        }
+    };
+    testkit::wait_for(&dbs, "own-cert-db", "Ready ServerSecretMissing", DEFAULT_TIMEOUT, reason("ServerSecretMissing"))
+        .await?;
+    // A certificate for the database's names from a CA that is not this database's (as another
+    // issuer's would be), in the layout cert-manager writes; not yet labelled for the database.
+    let issuer_view: MyDatabase = serde_json::from_value(json!({
+        "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase",
+        "metadata": {"name": "own-cert-db", "namespace": ns.name, "uid": "00000000-0000-4000-8000-000000000002"},
+        "spec": spec
+    }))?;
+    let certificates = tls::certificates(&issuer_view, None, None, chrono::Utc::now())?;
+    let issued = tls::build_server(&issuer_view, &certificates)?;
+    let company_cert = Secret {
+        metadata: kube::api::ObjectMeta { name: Some("company-cert".into()), ..Default::default() },
+        type_: Some("kubernetes.io/tls".into()),
+        data: issued.data,
+        ..Default::default()
+    };
+    ns.api::<Secret>().create(&PostParams::default(), &company_cert).await?;
+    testkit::wait_for(&dbs, "own-cert-db", "ServerSecretNotAllowed", DEFAULT_TIMEOUT, reason("ServerSecretNotAllowed"))
+        .await?;
+    assert!(ns.api::<k8s_openapi::api::apps::v1::StatefulSet>().get_opt("own-cert-db").await?.is_none());
+    let label = json!({"metadata": {"labels": {SERVER_CERTIFICATE_FOR_LABEL: "own-cert-db"}}});
+    let params = kube::api::PatchParams::default();
+    ns.api::<Secret>().patch("company-cert", &params, &kube::api::Patch::Merge(label)).await?;
+    testkit::wait_for(&dbs, "own-cert-db", "Running 1/1", DEFAULT_TIMEOUT, running(1)).await?;
+    // Clients are handed its CA; the server presents its certificate; verify-full succeeds.
+    assert_eq!(secret_value(&ns, "own-cert-db-credentials", "ca.crt").await?, certificates.ca_cert);
+    let company_serial = secret_serial(&ns, "company-cert").await?;
+    eventually(DEFAULT_TIMEOUT, "the server to present the company's certificate", || async {
+        served_serial(&ns, "own-cert-db-0").is_ok_and(|serial| serial == company_serial)
+    })
+    .await?;
+    let login = database_client("own-cert-db", "own-cert-login", "uri", "psql \"$URI\" -At -c 'SELECT 1'");
+    let logged_in = run(&ns, login).await?;
+    assert!(logged_in.succeeded && logged_in.logs.trim() == "1", "{}", logged_in.logs);
+    // Keelson issued nothing of its own.
+    for own in ["own-cert-db-ca", "own-cert-db-server"] {
+        assert!(ns.api::<Secret>().get_opt(own).await?.is_none(), "{own} was created");
+    }
     Ok(())
 }

@@ -25,6 +25,10 @@ pub const SYNCHRONOUS_STANDBYS: &str = "db.keelson.dev/synchronous-standbys";
 /// in its own time, and a cut-off former primary must never be streamed from
 /// again). Changed in the same write that lifts a failover's hold.
 pub const UPSTREAM: &str = "db.keelson.dev/upstream";
+/// Set with the upstream: how the replica checks its primary's certificate.
+/// `verify-ca` when the primary's pod presents the database's certificate;
+/// `prefer` only for a primary from before TLS (a database being rolled onto it).
+pub const UPSTREAM_SSLMODE: &str = "db.keelson.dev/upstream-sslmode";
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]

@@ -35,6 +35,7 @@ pub const SUPPORTED_MAJORS: &[u32] = &[15, 16, 17, 18];
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
     printcolumn(name = "Replicas", type_ = "string", json_path = ".status.instances"),
+    printcolumn(name = "Primary", type_ = "string", json_path = ".status.currentPrimary"),
     printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
     printcolumn(name = "Last Backup", type_ = "date", json_path = ".status.lastBackupTime"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -103,6 +104,40 @@ pub struct MyDatabaseSpec {
     /// has nothing to wait for.
     #[serde(default)]
     pub replication: ReplicationMode,
+
+    /// Lets the `postgres` superuser log in over the network (TLS and a
+    /// password), with the password in the Secret `<name>-superuser`, which
+    /// Keelson creates. Off by default: applications use the app role, and a
+    /// DBA reaches the superuser with `kubectl exec` (peer authentication on
+    /// the local socket). Turning it off again removes the Secret, and the
+    /// password from the role.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub superuser_access: bool,
+
+    /// TLS is always on. Keelson issues the server certificate from a CA of
+    /// the database's own unless `tls.serverSecret` names one to present instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+/// The label a Secret must carry, naming the MyDatabase, for `spec.tls.serverSecret` to use it.
+pub const SERVER_CERTIFICATE_FOR_LABEL: &str = "db.keelson.dev/server-certificate-for";
+
+/// Certificates from elsewhere (cert-manager, a company CA).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// A Secret in this namespace with `tls.crt`, `tls.key` and `ca.crt` (as
+    /// cert-manager writes them) for the instances to present. Its certificate
+    /// must name `<name>-rw` and `<name>-ro` (as clients write them) and
+    /// `*.<name>-headless`; its `ca.crt` is handed to clients in
+    /// `<name>-credentials`, and replicas check their primary against it. The
+    /// Secret must carry the label `db.keelson.dev/server-certificate-for:
+    /// <name>` (cert-manager: `secretTemplate.labels`): otherwise naming another
+    /// database's Secret would hand its key to this one's pods. The instances
+    /// reload it when it is renewed.
+    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"), length(min = 1, max = 253))]
+    pub server_secret: String,
 }
 
 /// How commits wait for replicas.

@@ -33,7 +33,7 @@ use serde_json::json;
 
 use crate::api::instance::{
     ANNOTATION, HOLD_STREAMING, InstanceReport, LEASE, POSITION_REQUEST, ROLE_LABEL, Role, SYNCHRONOUS_STANDBYS,
-    UPSTREAM,
+    UPSTREAM, UPSTREAM_SSLMODE,
 };
 use lease::{FENCE_LOOK_EVERY, Lease};
 use probe::Server;
@@ -74,6 +74,8 @@ pub enum InstanceError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot read the password from stdin: {0}")]
+    ReadPassword(#[source] std::io::Error),
     #[error("cannot copy {from} to {to}: {source}")]
     Install {
         from: String,
@@ -111,6 +113,7 @@ fn write_orders(dir: &Path, pod: &Pod) -> Result<(), InstanceError> {
     // The upstream before the hold (a lifted hold is never read with the old primary's address),
     // and the hold before the role (a held replica never starts as an unheld one).
     let orders = [
+        ("upstream-sslmode", Some(pod.annotations().get(UPSTREAM_SSLMODE).unwrap_or(&none))),
         ("upstream", Some(pod.annotations().get(UPSTREAM).unwrap_or(&none))),
         ("hold", Some(pod.annotations().get(HOLD_STREAMING).unwrap_or(&none))),
         ("role", pod.labels().get(ROLE_LABEL)),
@@ -384,6 +387,20 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The SCRAM-SHA-256 verifier of `password`, as PostgreSQL stores it (random salt, 4096 iterations).
+pub fn scram_verifier(password: &[u8]) -> String {
+    postgres_protocol::password::scram_sha_256(password)
+}
+
+/// Reads a password from stdin (all of it, as the mounted Secret's file holds it) and prints its verifier.
+pub fn print_scram_verifier() -> Result<(), InstanceError> {
+    use std::io::Read as _;
+    let mut password = Vec::new();
+    std::io::stdin().read_to_end(&mut password).map_err(InstanceError::ReadPassword)?;
+    println!("{}", scram_verifier(&password));
+    Ok(())
+}
+
 /// Copies the running binary to `to` (an emptyDir the PostgreSQL container mounts).
 pub fn install(to: &Path) -> Result<(), InstanceError> {
     let from = std::env::current_exe().map_err(|source| InstanceError::Install {
@@ -402,6 +419,14 @@ pub fn install(to: &Path) -> Result<(), InstanceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scram_verifiers_are_salted_and_never_hold_the_password() {
+        let first = scram_verifier(b"s3cret-password");
+        assert!(first.starts_with("SCRAM-SHA-256$4096:"), "{first}");
+        assert!(!first.contains("s3cret-password"));
+        assert_ne!(first, scram_verifier(b"s3cret-password"), "a new salt each time");
+    }
     use crate::api::instance::{ReplicaReport, Role};
 
     fn primary(lsn: &str, lag: i64) -> InstanceReport {

@@ -100,7 +100,7 @@ mod tests {
     fn mydatabase_crd_has_transition_rules() {
         let crd = MyDatabase::crd();
         assert_eq!(crd.spec.names.short_names, Some(vec!["mydb".to_string()]));
-        assert_eq!(printer_columns(&crd), ["Phase", "Ready", "Replicas", "Version", "Last Backup", "Age"]);
+        assert_eq!(printer_columns(&crd), ["Phase", "Ready", "Replicas", "Primary", "Version", "Last Backup", "Age"]);
         let text = serde_json::to_string(&crd).expect("serializes");
         assert!(text.contains("storage may grow but never shrink"));
         assert!(text.contains("x-kubernetes-validations"));

@@ -113,6 +113,16 @@ pub fn files() -> Result<Vec<(String, String)>> {
 
 /// The objects the Helm chart must render with its default values
 /// (everything `make deploy` applies but the namespace and the CRDs).
+/// Everything `make deploy` applies, once each: the `config/` files (the
+/// chart's copies of the CRDs and RBAC are for Helm), without kustomizations.
+pub fn install_stream() -> Result<String> {
+    Ok(files()?
+        .into_iter()
+        .filter(|(path, _)| path.starts_with("config/") && !path.ends_with("kustomization.yaml"))
+        .map(|(_, text)| text)
+        .collect())
+}
+
 pub fn chart_objects() -> Result<Vec<serde_json::Value>> {
     let to_value =
         |v: serde_json::Result<serde_json::Value>| v.map_err(|source| Error::Serialize { what: "manifest", source });
@@ -129,4 +139,26 @@ pub fn chart_objects() -> Result<Vec<serde_json::Value>> {
         to_value(serde_json::to_value(admission::instance_policy()))?,
         to_value(serde_json::to_value(admission::instance_policy_binding()))?,
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize as _;
+
+    #[test]
+    fn the_install_stream_holds_each_object_once() {
+        let stream = install_stream().expect("renders");
+        let mut seen = std::collections::BTreeSet::new();
+        for document in serde_yaml::Deserializer::from_str(&stream) {
+            let object = serde_json::Value::deserialize(document).expect("yaml");
+            if object.is_null() {
+                continue;
+            }
+            let key = format!("{}/{}/{}", object["kind"], object["metadata"]["namespace"], object["metadata"]["name"]);
+            assert!(seen.insert(key.clone()), "{key} twice");
+        }
+        assert!(seen.iter().any(|k| k.contains("CustomResourceDefinition")), "{seen:?}");
+        assert!(seen.iter().any(|k| k.contains("Deployment")), "{seen:?}");
+    }
 }

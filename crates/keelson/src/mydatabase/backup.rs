@@ -12,7 +12,10 @@ use kube::Resource;
 
 use super::credentials::PASSWORD_KEY;
 use super::names::{self, APP_DB, APP_USER, PORT};
-use super::statefulset::{POSTGRES_UID, empty_dir, env, image, mount, scripts_volume, secret_env};
+use super::statefulset::{
+    POSTGRES_UID, client_ca_mount, client_ca_volume, client_tls_env, empty_dir, env, image, mount, scripts_volume,
+    secret_env,
+};
 use crate::api::MyDatabase;
 use crate::api::mydatabase::RESTORE_TO_ANNOTATION;
 use crate::runtime::security;
@@ -45,7 +48,8 @@ pub fn volume_claim(db: &MyDatabase) -> PersistentVolumeClaim {
 }
 
 /// The pod that runs `keelson-postgres.sh backup`, against a replica where one exists.
-fn backup_pod(db: &MyDatabase, retention: &str) -> PodTemplateSpec {
+/// `verify_server`: the instances present the database's certificate (see `tls::served`).
+fn backup_pod(db: &MyDatabase, retention: &str, verify_server: bool) -> PodTemplateSpec {
     PodTemplateSpec {
         metadata: Some(ObjectMeta { labels: Some(names::labels(db, "backup")), ..Default::default() }),
         spec: Some(PodSpec {
@@ -57,20 +61,25 @@ fn backup_pod(db: &MyDatabase, retention: &str) -> PodTemplateSpec {
                 name: "backup".into(),
                 image: Some(image(db)),
                 command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "backup".into()]),
-                env: Some(vec![
-                    env("PRIMARY_HOST", names::rw_service(db)),
-                    // From a replica where one exists, so the primary is not loaded.
-                    env(
-                        "BACKUP_SOURCE_HOST",
-                        if db.spec.replicas > 1 { names::ro_service(db) } else { names::rw_service(db) },
-                    ),
-                    env("PRIMARY_PORT", PORT.to_string()),
-                    env("APP_DB", APP_DB),
-                    env("APP_USER", APP_USER),
-                    secret_env(db, "APP_PASSWORD", PASSWORD_KEY),
-                    env("BACKUP_DIR", "/backups"),
-                    env("RETENTION", retention),
-                ]),
+                env: Some(
+                    vec![
+                        env("PRIMARY_HOST", names::rw_service(db)),
+                        // From a replica where one exists, so the primary is not loaded.
+                        env(
+                            "BACKUP_SOURCE_HOST",
+                            if db.spec.replicas > 1 { names::ro_service(db) } else { names::rw_service(db) },
+                        ),
+                        env("PRIMARY_PORT", PORT.to_string()),
+                        env("APP_DB", APP_DB),
+                        env("APP_USER", APP_USER),
+                        secret_env(db, "APP_PASSWORD", PASSWORD_KEY),
+                        env("BACKUP_DIR", "/backups"),
+                        env("RETENTION", retention),
+                    ]
+                    .into_iter()
+                    .chain(client_tls_env(verify_server))
+                    .collect(),
+                ),
                 // A failing container's last log lines become its termination message (shown in status).
                 termination_message_policy: Some("FallbackToLogsOnError".into()),
                 security_context: Some(security::restricted_container()),
@@ -78,6 +87,7 @@ fn backup_pod(db: &MyDatabase, retention: &str) -> PodTemplateSpec {
                     mount("backups", "/backups"),
                     mount("scripts", "/scripts"),
                     mount("tmp", "/tmp"),
+                    client_ca_mount(),
                 ]),
                 ..Default::default()
             }],
@@ -92,24 +102,25 @@ fn backup_pod(db: &MyDatabase, retention: &str) -> PodTemplateSpec {
                 },
                 scripts_volume(db),
                 empty_dir("tmp"),
+                client_ca_volume(db),
             ]),
             ..Default::default()
         }),
     }
 }
 
-fn job_spec(db: &MyDatabase, retention: &str) -> JobSpec {
+fn job_spec(db: &MyDatabase, retention: &str, verify_server: bool) -> JobSpec {
     JobSpec {
         // One retry for a blip; a real failure shows in status quickly.
         backoff_limit: Some(1),
         active_deadline_seconds: Some(6 * 3600),
-        template: backup_pod(db, retention),
+        template: backup_pod(db, retention, verify_server),
         ..Default::default()
     }
 }
 
 /// The CronJob for `spec.backup`; None when backups are off.
-pub fn cronjob(db: &MyDatabase) -> Result<Option<CronJob>> {
+pub fn cronjob(db: &MyDatabase, verify_server: bool) -> Result<Option<CronJob>> {
     let Some(backup) = &db.spec.backup else { return Ok(None) };
     Ok(Some(CronJob {
         metadata: names::owned_meta(db, names::backup_cronjob(db), "backup")?,
@@ -121,7 +132,7 @@ pub fn cronjob(db: &MyDatabase) -> Result<Option<CronJob>> {
             failed_jobs_history_limit: Some(3),
             job_template: JobTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(names::labels(db, "backup")), ..Default::default() }),
-                spec: Some(job_spec(db, &backup.retention)),
+                spec: Some(job_spec(db, &backup.retention, verify_server)),
             },
             ..Default::default()
         },
@@ -143,7 +154,7 @@ pub fn final_backup_job(db: &MyDatabase, backups: &PersistentVolumeClaim) -> Res
             owner_references: Some(vec![OwnerReference { controller: None, block_owner_deletion: None, ..owner }]),
             ..metadata
         },
-        spec: Some(job_spec(db, retention)),
+        spec: Some(job_spec(db, retention, true)),
         ..Default::default()
     })
 }
@@ -155,7 +166,7 @@ mod tests {
 
     #[test]
     fn cronjob_follows_the_schedule_and_never_overlaps() {
-        let cronjob = cronjob(&sample()).expect("builds").expect("backup configured");
+        let cronjob = cronjob(&sample(), true).expect("builds").expect("backup configured");
         let spec = cronjob.spec;
         assert_eq!(spec.schedule, "0 2 * * *");
         assert_eq!(spec.concurrency_policy.as_deref(), Some("Forbid"));
@@ -163,6 +174,8 @@ mod tests {
         let env = pod.containers[0].env.clone().expect("env");
         let retention = env.iter().find(|e| e.name == "RETENTION").and_then(|e| e.value.clone());
         assert_eq!(retention.as_deref(), Some("7d"));
+        let sslmode = env.iter().find(|e| e.name == "PGSSLMODE").and_then(|e| e.value.clone());
+        assert_eq!(sslmode.as_deref(), Some("verify-full"), "a backup verifies the server as applications do");
         let claim = pod.volumes.expect("volumes")[0].persistent_volume_claim.clone().expect("pvc");
         assert_eq!(claim.claim_name, "production-db-backups");
     }
@@ -171,7 +184,7 @@ mod tests {
     fn no_backup_section_means_no_cronjob() {
         let mut db = sample();
         db.spec.backup = None;
-        assert!(cronjob(&db).expect("builds").is_none());
+        assert!(cronjob(&db, true).expect("builds").is_none());
     }
 
     #[test]

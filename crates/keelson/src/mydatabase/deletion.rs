@@ -61,18 +61,19 @@ pub async fn clean_up(db: &MyDatabase, observed: &Observed, caches: &Caches, ctx
             if backups.is_some_and(|claim| labelled_for(&claim, name)) {
                 applier.delete::<PersistentVolumeClaim>(&names::backups_pvc(db), &DeleteParams::background()).await;
             }
-            for secret in [names::credentials(db), names::replication_secret(db)] {
+            for secret in [names::credentials(db), names::replication_secret(db), names::ca_secret(db)] {
                 if cache::get(&caches.secrets, namespace, &secret).is_some_and(|s| labelled_for(&s, name)) {
                     applier.delete::<Secret>(&secret, &DeleteParams::background()).await;
                 }
             }
             if applier.failures().is_empty() {
                 let note = format!(
-                    "deletionPolicy Delete: deleted data PVCs [{}], backups PVC {} and Secrets {}, {}",
+                    "deletionPolicy Delete: deleted data PVCs [{}], backups PVC {} and Secrets {}, {}, {}",
                     removed.join(", "),
                     names::backups_pvc(db),
                     names::credentials(db),
-                    names::replication_secret(db)
+                    names::replication_secret(db),
+                    names::ca_secret(db)
                 );
                 event(EventType::Normal, "DataDeleted", note).await;
             }
@@ -106,11 +107,12 @@ pub async fn clean_up(db: &MyDatabase, observed: &Observed, caches: &Caches, ctx
                 // The credentials Secret, never owned, stays: the backup's roles need it.
                 if applier.failures().is_empty() {
                     let note = format!(
-                        "deletionPolicy Snapshot: final backup in PVC {}; deleted data PVCs [{}]; kept Secrets {}, {}",
+                        "deletionPolicy Snapshot: final backup in PVC {}; deleted data PVCs [{}]; kept Secrets {}, {}, {}",
                         names::backups_pvc(db),
                         removed.join(", "),
                         names::credentials(db),
-                        names::replication_secret(db)
+                        names::replication_secret(db),
+                        names::ca_secret(db)
                     );
                     event(EventType::Normal, "SnapshotTaken", note).await;
                 }
@@ -139,10 +141,11 @@ where
 
 fn retained_note(db: &MyDatabase, observed: &Observed, policy: &str) -> String {
     format!(
-        "{policy}: kept data PVCs [{}], backups PVC {} (if any) and Secrets {}, {}",
+        "{policy}: kept data PVCs [{}], backups PVC {} (if any) and Secrets {}, {}, {}",
         observed.data_claims.iter().map(|c| c.name_any()).collect::<Vec<_>>().join(", "),
         names::backups_pvc(db),
         names::credentials(db),
-        names::replication_secret(db)
+        names::replication_secret(db),
+        names::ca_secret(db)
     )
 }

@@ -23,6 +23,7 @@ pub mod scripts;
 pub mod services;
 pub mod statefulset;
 pub mod status;
+pub mod tls;
 pub mod validation;
 
 use std::sync::Arc;
@@ -217,6 +218,8 @@ pub(crate) mod tests {
                 restore_to: Vec::new(),
                 deletion_policy: DeletionPolicy::Retain,
                 replication: Default::default(),
+                superuser_access: false,
+                tls: None,
             },
         );
         db.metadata = ObjectMeta {

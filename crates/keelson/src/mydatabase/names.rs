@@ -54,6 +54,18 @@ pub fn credentials(db: &MyDatabase) -> String {
 pub fn replication_secret(db: &MyDatabase) -> String {
     format!("{}-replication", db.name_any())
 }
+/// The superuser's password, with `spec.superuserAccess` only.
+pub fn superuser_secret(db: &MyDatabase) -> String {
+    format!("{}-superuser", db.name_any())
+}
+/// The database's own CA (certificate and key): only the operator reads it.
+pub fn ca_secret(db: &MyDatabase) -> String {
+    format!("{}-ca", db.name_any())
+}
+/// The certificate and key the instances present to clients and to each other.
+pub fn server_secret(db: &MyDatabase) -> String {
+    format!("{}-server", db.name_any())
+}
 pub fn scripts(db: &MyDatabase) -> String {
     format!("{}-scripts", db.name_any())
 }

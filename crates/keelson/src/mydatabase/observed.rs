@@ -1,7 +1,7 @@
 //! Stage 1, read: what the cluster holds for one MyDatabase, from the watch
-//! caches. Only the credentials are confirmed with the API server when the
-//! cache has none: generating new passwords over existing ones would lock
-//! the database's users out.
+//! caches. Only the credentials and the CA are confirmed with the API server
+//! when the cache has none: generating new passwords or a new CA over
+//! existing ones would lock the database's users out.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
@@ -42,6 +42,15 @@ pub struct Observed {
     pub credentials: Option<Secret>,
     /// The replication role's password (`<name>-replication`).
     pub replication: Option<Secret>,
+    /// The superuser's password (`<name>-superuser`), with `spec.superuserAccess`.
+    pub superuser: Option<Secret>,
+    /// The database's CA (`<name>-ca`) and the instances' certificate (`<name>-server`).
+    pub ca: Option<Secret>,
+    pub server_tls: Option<Secret>,
+    /// The Secret named by `spec.tls.serverSecret` (not Keelson's: read, never written).
+    pub user_server_tls: Option<Secret>,
+    /// When the server certificate is due for renewal (set by build's reading of it).
+    pub certificate_renewal_in: Option<std::time::Duration>,
     pub statefulset: Option<StatefulSet>,
     /// Database pods, by name.
     pub pods: Vec<Pod>,
@@ -92,33 +101,60 @@ impl Caches {
     }
 }
 
+/// A Secret of this database's from the cache, else (when `confirm`) from the API server: a
+/// cache that has not seen it yet must not pass for its absence where a new one would replace
+/// what clients hold. A stranger's Secret of that name is never read (applying over it is refused).
+async fn own_secret(
+    db: &MyDatabase,
+    caches: &Caches,
+    client: &Client,
+    name: String,
+    confirm: bool,
+) -> Result<Option<Secret>> {
+    let namespace = db.namespace().unwrap_or_default();
+    let secret = match cache::get(&caches.secrets, &namespace, &name) {
+        Some(secret) => Some(secret),
+        None if !confirm => None,
+        None => Api::<Secret>::namespaced(client.clone(), &namespace)
+            .get_opt(&name)
+            .await
+            .map_err(Error::kube(format!("read Secret {name}")))?,
+    };
+    Ok(secret.filter(|secret| labelled_for(secret, &db.name_any())))
+}
+
 pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<Observed> {
     caches.synced().await?;
     let namespace = db.namespace().unwrap_or_default();
-    let credentials = match cache::get(&caches.secrets, &namespace, &names::credentials(db)) {
-        Some(secret) => Some(secret),
-        None => Api::<Secret>::namespaced(client.clone(), &namespace)
-            .get_opt(&names::credentials(db))
+    let credentials = own_secret(db, caches, client, names::credentials(db), true).await?;
+    // The others are confirmed the same way unless the database is new (no credentials anywhere):
+    // the superuser's while access is on (a new password would lock the DBA out), the CA (a new one
+    // would break every client that trusts it), and the certificate once the CA exists (one issued
+    // over one the cache has not seen yet would be a needless change, a reload on every instance).
+    let existing = credentials.is_some();
+    let replication = own_secret(db, caches, client, names::replication_secret(db), existing).await?;
+    let superuser_access = existing && db.spec.superuser_access;
+    let superuser = own_secret(db, caches, client, names::superuser_secret(db), superuser_access).await?;
+    let ca = own_secret(db, caches, client, names::ca_secret(db), existing).await?;
+    let server_tls = own_secret(db, caches, client, names::server_secret(db), ca.is_some()).await?;
+    // A user's Secret carries none of Keelson's labels, so no watch caches it: read on each reconcile.
+    let user_server_tls = match &db.spec.tls {
+        Some(tls) => Api::<Secret>::namespaced(client.clone(), &namespace)
+            .get_opt(&tls.server_secret)
             .await
-            .map_err(Error::kube("read the credentials Secret"))?,
+            .map_err(Error::kube("read the Secret named by spec.tls.serverSecret"))?,
+        None => None,
     };
-    // A stranger's Secret of that name is never read for passwords (applying over it is refused).
-    let credentials = credentials.filter(|secret| labelled_for(secret, &db.name_any()));
-    // Confirmed the same way, unless the database is new (no credentials anywhere).
-    let replication = match cache::get(&caches.secrets, &namespace, &names::replication_secret(db)) {
-        Some(secret) => Some(secret),
-        None if credentials.is_none() => None,
-        None => Api::<Secret>::namespaced(client.clone(), &namespace)
-            .get_opt(&names::replication_secret(db))
-            .await
-            .map_err(Error::kube("read the replication Secret"))?,
-    };
-    let replication = replication.filter(|secret| labelled_for(secret, &db.name_any()));
     let statefulset = cache::get(&caches.statefulsets, &namespace, &names::statefulset(db));
     let pods = own_pods(cache::list(&caches.pods, &namespace, &names::pod_selector(db)), statefulset.as_ref());
     Ok(Observed {
         credentials,
         replication,
+        superuser,
+        ca,
+        server_tls,
+        user_server_tls,
+        certificate_renewal_in: None,
         statefulset,
         pods,
         backup_jobs: cache::list(&caches.jobs, &namespace, &names::labels(db, "backup")),

@@ -23,11 +23,13 @@ use super::restore::{self, Progress, Restore};
 use super::rollout::{self, Step};
 use super::statefulset::TemplateChange;
 use super::{
-    backup, credentials, deletion, drain, instances, names, pdb, scripts, services, statefulset, status, validation,
+    backup, credentials, deletion, drain, instances, names, pdb, scripts, services, statefulset, status, tls,
+    validation,
 };
 use crate::Result;
 use crate::api::instance::{
     HOLD_STREAMING, LEASE, LEASE_EXPIRES_AFTER, POSITION_REQUEST, Role, SYNCHRONOUS_STANDBYS, UPSTREAM,
+    UPSTREAM_SSLMODE,
 };
 use crate::api::mydatabase::{
     FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase, MyDatabaseStatus, SWITCHOVER_ANNOTATION,
@@ -101,10 +103,20 @@ struct Switchover {
 /// answer before a failover says it is blocked.
 const POSITION_WAIT: Duration = Duration::from_secs(3);
 
+/// How often a Secret named by `spec.tls.serverSecret` is read again: while it
+/// is missing or not usable, and once it is (its CA may change).
+const USER_CERTIFICATE_WAIT: Duration = Duration::from_secs(10);
+const USER_CERTIFICATE_RECHECK: Duration = Duration::from_secs(300);
+
 /// Every child the spec asks for; None where an optional one is switched off.
 pub struct Desired {
     credentials: Secret,
     replication: Secret,
+    superuser: Option<Secret>,
+    /// Keelson's CA and certificate; None with a user's (`spec.tls.serverSecret`).
+    ca: Option<Secret>,
+    server_tls: Option<Secret>,
+    certificate_renewal_in: Option<Duration>,
     scripts: ConfigMap,
     instance_access: InstanceAccess,
     services: [Service; 3],
@@ -131,16 +143,36 @@ impl Reconciler for MyDatabaseReconciler {
         observed::read(db, &self.caches, &self.ctx.client).await
     }
 
-    fn validate(db: &MyDatabase, _observed: &Observed) -> Result<(), Invalid> {
-        validation::validate(&db.spec)
+    fn validate(db: &MyDatabase, observed: &Observed) -> Result<(), Invalid> {
+        validation::validate(&db.spec)?;
+        tls::user_certificate(db, observed.user_server_tls.as_ref()).map(|_| ())
     }
 
     fn build(&self, db: &MyDatabase, observed: &Observed) -> Result<Desired> {
         let passwords = credentials::passwords(observed.credentials.as_ref(), observed.replication.as_ref());
+        let now = chrono::Utc::now();
+        // A user's certificate (validate refused one that is not usable), else Keelson's own.
+        let user_ca = tls::user_certificate(db, observed.user_server_tls.as_ref()).ok().flatten();
+        let issued = match user_ca {
+            Some(_) => None,
+            None => Some(tls::certificates(db, observed.ca.as_ref(), observed.server_tls.as_ref(), now)?),
+        };
+        let client_ca = user_ca.or_else(|| issued.as_ref().map(|c| c.ca_cert.clone())).unwrap_or_default();
+        let verify_server = tls::served(observed.statefulset.as_ref(), &observed.pods);
+        let superuser_password = db
+            .spec
+            .superuser_access
+            .then(|| credentials::superuser_password(observed.superuser.as_ref(), observed.replication.as_ref()));
         let backups_claim = db.spec.backup.is_some().then(|| backup::volume_claim(db));
         Ok(Desired {
-            credentials: credentials::build(db, &passwords)?,
-            replication: credentials::build_replication(db, &passwords),
+            credentials: credentials::build(db, &passwords, &client_ca, verify_server)?,
+            replication: credentials::build_replication(db, &passwords, superuser_password.as_deref()),
+            superuser: superuser_password
+                .map(|password| credentials::build_superuser(db, &password, &client_ca))
+                .transpose()?,
+            ca: issued.as_ref().map(|certificates| tls::build_ca(db, certificates)),
+            server_tls: issued.as_ref().map(|certificates| tls::build_server(db, certificates)).transpose()?,
+            certificate_renewal_in: issued.as_ref().map(|certificates| tls::renewal_in(certificates, now)),
             scripts: scripts::build(db)?,
             instance_access: instance_access::build(db)?,
             services: services::build(db)?,
@@ -148,7 +180,7 @@ impl Reconciler for MyDatabaseReconciler {
             restore: restore::build(db)?,
             statefulset: self.statefulset(db)?,
             disruption_budgets: pdb::build(db)?,
-            backup_cron_job: backup::cronjob(db)?,
+            backup_cron_job: backup::cronjob(db, verify_server)?,
         })
     }
 
@@ -157,10 +189,25 @@ impl Reconciler for MyDatabaseReconciler {
         let name = names::statefulset(db);
         // The replication password first: once it has its own Secret, the credentials may drop it.
         let replication = applier.apply(&caches.secrets, desired.replication).await;
-        let credentials = match replication {
-            Some(_) => applier.apply(&caches.secrets, desired.credentials).await,
-            None => observed.credentials.clone(),
+        // The CA before the credentials that hand it to clients, and the certificate it signs.
+        let (ca, server_tls) = match (desired.ca, desired.server_tls) {
+            (Some(ca), Some(server)) => {
+                let ca = applier.apply(&caches.secrets, ca).await;
+                let server = match ca {
+                    Some(_) => applier.apply(&caches.secrets, server).await,
+                    None => observed.server_tls.clone(),
+                };
+                (ca, server)
+            }
+            _ => (observed.ca.clone(), observed.server_tls.clone()),
         };
+        // The user's certificate, validated: nothing of Keelson's to issue.
+        let user_tls = db.spec.tls.is_some() && observed.user_server_tls.is_some();
+        let credentials = match (&replication, ca.is_some() || user_tls) {
+            (Some(_), true) => applier.apply(&caches.secrets, desired.credentials).await,
+            _ => observed.credentials.clone(),
+        };
+        let superuser = applier.apply_optional(&caches.secrets, &names::superuser_secret(db), desired.superuser).await;
         applier.apply(&caches.config_maps, desired.scripts).await;
         let InstanceAccess { service_account, role, role_binding } = desired.instance_access;
         applier.apply(&caches.service_accounts, service_account).await;
@@ -173,9 +220,9 @@ impl Reconciler for MyDatabaseReconciler {
             Some(claim) => applier.apply(&caches.claims, claim).await,
             None => observed.backups_claim.clone(),
         };
-        // Pods and Jobs mount both Secrets: not before they are this database's own (a
+        // Pods and Jobs mount these Secrets: not before they are this database's own (a
         // stranger's Secret of that name is refused above, and must not reach a pod).
-        let secrets_ours = credentials.is_some() && replication.is_some();
+        let secrets_ours = credentials.is_some() && replication.is_some() && (server_tls.is_some() || user_tls);
         // With spec.restoreFrom, the first instance starts only on restored data.
         let restored = match (restore::progress(db, &observed), desired.restore) {
             _ if !secrets_ours => false,
@@ -237,6 +284,10 @@ impl Reconciler for MyDatabaseReconciler {
         Observed {
             credentials,
             replication,
+            superuser,
+            ca,
+            server_tls,
+            certificate_renewal_in: desired.certificate_renewal_in,
             statefulset,
             backups_claim,
             backup_cron_job,
@@ -256,10 +307,19 @@ impl Reconciler for MyDatabaseReconciler {
     }
 
     /// While a failover waits for positions, look again soon (answers also arrive as pod events).
-    /// ... and when the primary's lease would expire (renewals arrive as pod events).
-    fn recheck(_db: &MyDatabase, observed: &Observed) -> Option<Duration> {
+    /// ... and when the primary's lease would expire (renewals arrive as pod events),
+    /// and when the server certificate is due for renewal. A user's certificate Secret is not
+    /// watched: looked at again soon while it is not usable, and now and then for a new CA.
+    fn recheck(db: &MyDatabase, observed: &Observed) -> Option<Duration> {
         let lease = observed.lease_expires_in.map(|left| left + Duration::from_millis(100));
-        observed.failover_pending.then_some(Duration::from_millis(250)).into_iter().chain(lease).min()
+        let renewal = observed.certificate_renewal_in.map(|left| left + Duration::from_secs(1));
+        let user_tls =
+            db.spec.tls.as_ref().map(|_| match tls::user_certificate(db, observed.user_server_tls.as_ref()) {
+                Ok(_) => USER_CERTIFICATE_RECHECK,
+                Err(_) => USER_CERTIFICATE_WAIT,
+            });
+        let pending = observed.failover_pending.then_some(Duration::from_millis(250));
+        pending.into_iter().chain(lease).chain(renewal).chain(user_tls).min()
     }
 
     fn current_status(db: &MyDatabase) -> Option<&MyDatabaseStatus> {
@@ -896,7 +956,9 @@ pub fn synchronous_standby_names(db: &MyDatabase, pod: &str) -> String {
 /// relabelled first: it leaves `-rw` before another pod is announced there.
 async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Applier<'_>) {
     let wanted = |pod: &Pod| if pod.name_any() == primary { services::PRIMARY } else { services::REPLICA };
-    let upstream = pods.iter().find(|p| p.name_any() == primary).and_then(|p| p.status.as_ref()?.pod_ip.clone());
+    let primary_pod = pods.iter().find(|p| p.name_any() == primary);
+    let upstream = primary_pod.and_then(|p| p.status.as_ref()?.pod_ip.clone());
+    let sslmode = primary_pod.map_or(statefulset::UPSTREAM_SSLMODE, statefulset::upstream_sslmode);
     // The pod losing the role first, then the new primary, then the others.
     let stepping_down = |pod: &Pod| pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(services::PRIMARY);
     let mut ordered: Vec<&Pod> = pods.iter().collect();
@@ -910,7 +972,7 @@ async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Appl
         // Nothing further until the pod losing the role has lost it and the new primary has it:
         // else `-rw` could select two pods.
         let must_land = role == services::PRIMARY || stepping_down(pod);
-        let Some(patch) = role_patch(db, pod, role, upstream.as_deref()) else { continue };
+        let Some(patch) = role_patch(db, pod, role, upstream.as_deref(), sslmode) else { continue };
         if applier.merge_patch::<Pod>(&pod.name_any(), &patch, "label").await {
             tracing::info!(namespace = ?pod.namespace(), pod = %pod.name_any(), role, "labelled pod role");
         } else if must_land {
@@ -922,7 +984,13 @@ async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Appl
 /// What `pod` needs to take `role` under the primary at `upstream`, if
 /// anything. A replica's hold is lifted only with an upstream to stream
 /// from: the new primary's address, never the old one's.
-fn role_patch(db: &MyDatabase, pod: &Pod, role: &str, upstream: Option<&str>) -> Option<serde_json::Value> {
+fn role_patch(
+    db: &MyDatabase,
+    pod: &Pod,
+    role: &str,
+    upstream: Option<&str>,
+    sslmode: &str,
+) -> Option<serde_json::Value> {
     let synchronous = synchronous_standby_names(db, &pod.name_any());
     let annotations = pod.annotations();
     let (wanted_upstream, lift_hold) = match role {
@@ -931,7 +999,10 @@ fn role_patch(db: &MyDatabase, pod: &Pod, role: &str, upstream: Option<&str>) ->
     };
     let upstream_ok = match (role, wanted_upstream) {
         (services::PRIMARY, _) => !annotations.contains_key(UPSTREAM),
-        (_, Some(wanted)) => annotations.get(UPSTREAM).map(String::as_str) == Some(wanted),
+        (_, Some(wanted)) => {
+            annotations.get(UPSTREAM).map(String::as_str) == Some(wanted)
+                && annotations.get(UPSTREAM_SSLMODE).map(String::as_str) == Some(sslmode)
+        }
         (_, None) => true,
     };
     if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role)
@@ -948,8 +1019,14 @@ fn role_patch(db: &MyDatabase, pod: &Pod, role: &str, upstream: Option<&str>) ->
         patch["metadata"]["annotations"][HOLD_STREAMING] = serde_json::Value::Null;
     }
     match (role, wanted_upstream) {
-        (services::PRIMARY, _) => patch["metadata"]["annotations"][UPSTREAM] = serde_json::Value::Null,
-        (_, Some(wanted)) => patch["metadata"]["annotations"][UPSTREAM] = json!(wanted),
+        (services::PRIMARY, _) => {
+            patch["metadata"]["annotations"][UPSTREAM] = serde_json::Value::Null;
+            patch["metadata"]["annotations"][UPSTREAM_SSLMODE] = serde_json::Value::Null;
+        }
+        (_, Some(wanted)) => {
+            patch["metadata"]["annotations"][UPSTREAM] = json!(wanted);
+            patch["metadata"]["annotations"][UPSTREAM_SSLMODE] = json!(sslmode);
+        }
         (_, None) => {}
     }
     Some(patch)
@@ -1029,12 +1106,26 @@ mod tests {
         Passwords { app: "kept-app-password".into(), replication: "kept-replication".into() }
     }
 
+    /// One CA and server certificate for every test (generating keys is slow in a debug build).
+    fn kept_certificates() -> &'static tls::Certificates {
+        static KEPT: std::sync::OnceLock<tls::Certificates> = std::sync::OnceLock::new();
+        KEPT.get_or_init(|| tls::certificates(&sample(), None, None, chrono::Utc::now()).expect("generates"))
+    }
+
     fn credentials(db: &MyDatabase) -> Secret {
-        stamped(credentials::build(db, &kept_passwords()).expect("builds"))
+        stamped(credentials::build(db, &kept_passwords(), &kept_certificates().ca_cert, true).expect("builds"))
+    }
+
+    fn ca(db: &MyDatabase) -> Secret {
+        stamped(tls::build_ca(db, kept_certificates()))
+    }
+
+    fn server_tls(db: &MyDatabase) -> Secret {
+        stamped(tls::build_server(db, kept_certificates()).expect("builds"))
     }
 
     fn replication(db: &MyDatabase) -> Secret {
-        stamped(credentials::build_replication(db, &kept_passwords()))
+        stamped(credentials::build_replication(db, &kept_passwords(), None))
     }
 
     fn data_claim(ordinal: u32) -> PersistentVolumeClaim {
@@ -1094,16 +1185,16 @@ mod tests {
             .into(),
         );
         // The new primary has no address yet: the hold stays, the old address too.
-        assert_eq!(role_patch(&db, &held, services::REPLICA, None), None);
-        let patch = role_patch(&db, &held, services::REPLICA, Some("10.0.0.2")).expect("a patch");
+        assert_eq!(role_patch(&db, &held, services::REPLICA, None, "verify-ca"), None);
+        let patch = role_patch(&db, &held, services::REPLICA, Some("10.0.0.2"), "verify-ca").expect("a patch");
         let annotations = &patch["metadata"]["annotations"];
         assert_eq!(
-            (annotations[HOLD_STREAMING].clone(), annotations[UPSTREAM].clone()),
-            (Value::Null, json!("10.0.0.2"))
+            (annotations[HOLD_STREAMING].clone(), annotations[UPSTREAM].clone(), annotations[UPSTREAM_SSLMODE].clone()),
+            (Value::Null, json!("10.0.0.2"), json!("verify-ca"))
         );
         assert!(annotations.as_object().is_some_and(|a| a.contains_key(HOLD_STREAMING)), "the hold is removed");
         // Chosen as the primary: no upstream, no hold.
-        let patch = role_patch(&db, &held, services::PRIMARY, Some("10.0.0.2")).expect("a patch");
+        let patch = role_patch(&db, &held, services::PRIMARY, Some("10.0.0.2"), "verify-ca").expect("a patch");
         assert_eq!(patch["metadata"]["labels"][names::ROLE_LABEL], json!("primary"));
         assert_eq!(patch["metadata"]["annotations"][UPSTREAM], Value::Null);
     }
@@ -1247,6 +1338,8 @@ mod tests {
             api.applies(),
             [
                 "secrets/production-db-replication",
+                "secrets/production-db-ca",
+                "secrets/production-db-server",
                 "secrets/production-db-credentials",
                 "configmaps/production-db-scripts",
                 "serviceaccounts/production-db-instance",
@@ -1287,7 +1380,8 @@ mod tests {
     async fn reconcile_keeps_existing_passwords() {
         let db = held();
         let (api, client) = FakeApi::new(&db);
-        let cached = Cached { secrets: vec![credentials(&db), replication(&db)], ..Default::default() };
+        let secrets = vec![credentials(&db), replication(&db), ca(&db), server_tls(&db)];
+        let cached = Cached { secrets, ..Default::default() };
         pipeline::reconcile(Arc::new(db), reconciler(client, cached)).await.expect("reconciles");
         assert!(
             !api.applies().iter().any(|a| a.starts_with("secrets/")),
@@ -1297,10 +1391,62 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_database_from_before_tls_gets_its_certificates_and_keeps_its_passwords() {
+        let db = held();
+        let (api, client) = FakeApi::new(&db);
+        // Its credentials Secret as Keelson wrote it before TLS: no ca.crt, no sslmode.
+        let mut before = credentials::build(&db, &kept_passwords(), "", true).expect("builds");
+        let data = before.data.get_or_insert_with(Default::default);
+        data.remove(tls::CA_CERT_KEY);
+        let uri = "postgresql://app:kept-app-password@production-db-rw.default.svc:5432/app";
+        data.insert("uri".into(), k8s_openapi::ByteString(uri.as_bytes().to_vec()));
+        // ... and its instances, which present no certificate yet.
+        let mut statefulset = statefulset::build(&db, &crate::runtime::Settings::default()).expect("builds");
+        if let Some(volumes) =
+            statefulset.spec.as_mut().and_then(|s| s.template.spec.as_mut()).and_then(|p| p.volumes.as_mut())
+        {
+            volumes.retain(|v| v.name != tls::VOLUME);
+        }
+        let cached = Cached {
+            secrets: vec![stamped(before), replication(&db)],
+            statefulsets: vec![stamped(statefulset)],
+            ..Default::default()
+        };
+        pipeline::reconcile(Arc::new(db), reconciler(client, cached)).await.expect("reconciles");
+        let applies = api.applies();
+        let secrets: Vec<&String> = applies.iter().filter(|a| a.starts_with("secrets/")).collect();
+        assert_eq!(
+            secrets,
+            ["secrets/production-db-ca", "secrets/production-db-server", "secrets/production-db-credentials"]
+        );
+        let written = |name: &str| {
+            api.requests()
+                .into_iter()
+                .find(|r| r.is_apply() && r.path.ends_with(name))
+                .map(|r| r.body)
+                .expect("applied")
+        };
+        let text = |secret: &Value, key: &str| {
+            let encoded = secret["data"][key].as_str().unwrap_or_default().to_string();
+            let bytes: k8s_openapi::ByteString = serde_json::from_value(json!(encoded)).expect("base64");
+            String::from_utf8(bytes.0).expect("utf8")
+        };
+        let app = written("/production-db-credentials");
+        let ca = written("/production-db-ca");
+        assert_eq!(text(&app, "password"), "kept-app-password");
+        // Not told to verify a certificate no instance presents yet: `prefer` until they all do.
+        assert_eq!(text(&app, "uri"), uri, "{app}");
+        assert_eq!(text(&app, tls::CA_CERT_KEY), text(&ca, tls::CA_CERT_KEY), "clients get the CA that signs");
+        let server = written("/production-db-server");
+        assert_eq!(text(&server, tls::CA_CERT_KEY), text(&ca, tls::CA_CERT_KEY));
+    }
+
+    #[tokio::test]
     async fn reconcile_moves_the_replication_password_out_of_the_applications_secret() {
         let db = held();
         // A database from before the replication Secret: its password sits in the credentials.
-        let mut legacy = credentials::build(&db, &kept_passwords()).expect("builds");
+        let mut legacy =
+            credentials::build(&db, &kept_passwords(), &kept_certificates().ca_cert, true).expect("builds");
         let data = legacy.data.get_or_insert_with(Default::default);
         data.insert(
             credentials::REPLICATION_PASSWORD_KEY.into(),
@@ -1308,7 +1454,7 @@ mod tests {
         );
         let legacy = stamped(legacy);
         let (api, client) = FakeApi::new(&db);
-        let cached = Cached { secrets: vec![legacy], ..Default::default() };
+        let cached = Cached { secrets: vec![legacy, ca(&db), server_tls(&db)], ..Default::default() };
         pipeline::reconcile(Arc::new(db), reconciler(client, cached)).await.expect("reconciles");
         let applies = api.applies();
         let secrets: Vec<&String> = applies.iter().filter(|a| a.starts_with("secrets/")).collect();
@@ -1393,7 +1539,7 @@ mod tests {
         one.spec.replicas = 1;
         one.spec.backup = None;
         let cached = Cached {
-            cron_jobs: backup::cronjob(&db).expect("builds").into_iter().collect(),
+            cron_jobs: backup::cronjob(&db, true).expect("builds").into_iter().collect(),
             disruption_budgets: {
                 let budgets = pdb::build(&db).expect("builds");
                 budgets.replicas.into_iter().chain(budgets.primary).collect()

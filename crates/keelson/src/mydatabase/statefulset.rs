@@ -7,15 +7,17 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIProjection,
     DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, KeyToPath, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec,
-    Probe, ProjectedVolumeSource, SecretKeySelector, SecretProjection, ServiceAccountTokenProjection, Volume,
-    VolumeMount, VolumeProjection, VolumeResourceRequirements, WeightedPodAffinityTerm,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec,
+    Probe, ProjectedVolumeSource, SecretKeySelector, SecretProjection, SecretVolumeSource,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection, VolumeResourceRequirements,
+    WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
-use super::credentials::{PASSWORD_KEY, REPLICATION_PASSWORD_KEY};
+use super::credentials::{PASSWORD_KEY, REPLICATION_PASSWORD_KEY, SUPERUSER_PASSWORD_KEY};
 use super::names::{self, APP_DB, APP_USER, PORT};
+use super::tls::{CA_CERT_KEY, TLS_CERT_KEY, TLS_KEY_KEY};
 use crate::Result;
 use crate::api::MyDatabase;
 use crate::runtime::{Settings, drift, meta, security};
@@ -65,13 +67,14 @@ pub fn scripts_volume(db: &MyDatabase) -> Volume {
 /// without a restart (the script's `watch_credentials`).
 pub const CREDENTIALS_MOUNT: &str = "/etc/keelson/credentials";
 
-/// Both Secrets' passwords in one folder: the application's and the replication role's.
+/// The Secrets' passwords in one folder: the application's, the replication role's, and the
+/// superuser's where access is on.
 fn credentials_volume(db: &MyDatabase) -> Volume {
-    let source = |secret: String, key: &str| VolumeProjection {
+    let source = |secret: String, key: &str, path: &str, optional: bool| VolumeProjection {
         secret: Some(SecretProjection {
             name: secret,
-            items: Some(vec![KeyToPath { key: key.into(), path: key.into(), mode: None }]),
-            optional: Some(false),
+            items: Some(vec![KeyToPath { key: key.into(), path: path.into(), mode: None }]),
+            optional: Some(optional),
         }),
         ..Default::default()
     };
@@ -79,13 +82,76 @@ fn credentials_volume(db: &MyDatabase) -> Volume {
         name: "credentials".into(),
         projected: Some(ProjectedVolumeSource {
             sources: Some(vec![
-                source(names::credentials(db), PASSWORD_KEY),
-                source(names::replication_secret(db), REPLICATION_PASSWORD_KEY),
+                source(names::credentials(db), PASSWORD_KEY, PASSWORD_KEY, false),
+                source(names::replication_secret(db), REPLICATION_PASSWORD_KEY, REPLICATION_PASSWORD_KEY, false),
+                // There only with spec.superuserAccess (optional: toggling it changes no pod). From
+                // the replication Secret, which Keelson has confirmed as its own, never from
+                // `<name>-superuser`: anyone who may create a Secret of that name could set it.
+                source(names::replication_secret(db), SUPERUSER_PASSWORD_KEY, SUPERUSER_PASSWORD_KEY, true),
             ]),
             default_mode: Some(0o440),
         }),
         ..Default::default()
     }
+}
+
+/// Where instances see their certificate and key (`<name>-server`); the
+/// script copies them for PostgreSQL, which wants a key only its user reads.
+pub const SERVER_TLS_MOUNT: &str = "/etc/keelson/tls";
+/// Where a client pod of Keelson's (a backup) sees the CA to verify the server with.
+pub const CLIENT_CA_MOUNT: &str = "/etc/keelson/ca";
+
+fn server_tls_volume(db: &MyDatabase) -> Volume {
+    let items = [TLS_CERT_KEY, TLS_KEY_KEY, CA_CERT_KEY]
+        .iter()
+        .map(|key| KeyToPath { key: key.to_string(), path: key.to_string(), mode: None })
+        .collect();
+    Volume {
+        name: super::tls::VOLUME.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(super::tls::server_secret_name(db)),
+            items: Some(items),
+            default_mode: Some(0o440),
+            optional: Some(false),
+        }),
+        ..Default::default()
+    }
+}
+
+/// How replicas check a primary whose pod presents the database's certificate.
+pub const UPSTREAM_SSLMODE: &str = "verify-ca";
+
+/// How a replica checks the primary in `pod`: by the CA when the pod mounts
+/// the certificate; a pod from before TLS (rolled away soon) offers none.
+pub fn upstream_sslmode(pod: &Pod) -> &'static str {
+    let presents_certificate =
+        pod.spec.iter().flat_map(|spec| spec.volumes.iter().flatten()).any(|v| v.name == super::tls::VOLUME);
+    if presents_certificate { UPSTREAM_SSLMODE } else { "prefer" }
+}
+
+/// The CA from the credentials Secret, for Keelson's own clients (backups).
+pub fn client_ca_volume(db: &MyDatabase) -> Volume {
+    Volume {
+        name: "client-ca".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(names::credentials(db)),
+            items: Some(vec![KeyToPath { key: CA_CERT_KEY.into(), path: CA_CERT_KEY.into(), mode: None }]),
+            default_mode: Some(0o444),
+            optional: Some(false),
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn client_ca_mount() -> VolumeMount {
+    VolumeMount { read_only: Some(true), ..mount("client-ca", CLIENT_CA_MOUNT) }
+}
+
+/// libpq's settings for a client that verifies the server as applications do
+/// (`prefer` while a database from before TLS is being rolled onto it).
+pub fn client_tls_env(verify_server: bool) -> Vec<EnvVar> {
+    let mode = if verify_server { "verify-full" } else { "prefer" };
+    vec![env("PGSSLMODE", mode), env("PGSSLROOTCERT", format!("{CLIENT_CA_MOUNT}/{CA_CERT_KEY}"))]
 }
 
 pub fn empty_dir(name: &str) -> Volume {
@@ -272,6 +338,9 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                     env("PRIMARY_HOST", names::rw_service(db)),
                     env("PRIMARY_PORT", PORT.to_string()),
                     env("CREDENTIALS_DIR", CREDENTIALS_MOUNT),
+                    env("TLS_DIR", SERVER_TLS_MOUNT),
+                    // Computes the SCRAM verifiers the roles' passwords are set with.
+                    env("KEELSON_BIN", format!("{MANAGER_DIR}/keelson")),
                     // The operator's orders (role, synchronous standbys), from the instance manager.
                     env("ORDERS_DIR", MANAGER_DIR),
                 ])
@@ -295,6 +364,7 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
             mount("run", "/var/run/postgresql"),
             mount("tmp", "/tmp"),
             VolumeMount { read_only: Some(true), ..mount("credentials", CREDENTIALS_MOUNT) },
+            VolumeMount { read_only: Some(true), ..mount("server-tls", SERVER_TLS_MOUNT) },
         ]),
         ..Default::default()
     };
@@ -349,6 +419,7 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                     volumes: Some(vec![
                         scripts_volume(db),
                         credentials_volume(db),
+                        server_tls_volume(db),
                         empty_dir("run"),
                         empty_dir("tmp"),
                         empty_dir("instance-manager"),
@@ -460,6 +531,26 @@ mod tests {
         assert_eq!(with_token, ["instance-manager"]);
         let manager = pod.containers.iter().find(|c| c.name == "instance-manager").expect("manager");
         assert_eq!(manager.image.as_deref(), Some("postgres:15.2"), "it runs psql from the PostgreSQL image");
+    }
+
+    #[test]
+    fn postgres_alone_sees_the_server_certificate_and_replicas_verify_it() {
+        let sts = build(&sample(), &Settings::default()).expect("builds");
+        let pod = sts.spec.and_then(|s| s.template.spec).expect("pod");
+        let volume = pod.volumes.iter().flatten().find(|v| v.name == "server-tls").expect("volume");
+        assert_eq!(volume.secret.as_ref().and_then(|s| s.secret_name.as_deref()), Some("production-db-server"));
+        let mounts = |c: &Container| c.volume_mounts.iter().flatten().any(|m| m.name == "server-tls");
+        let postgres = pod.containers.iter().find(|c| c.name == "postgres").expect("postgres");
+        assert!(mounts(postgres) && pod.containers.iter().filter(|c| mounts(c)).count() == 1);
+        let tls_dir = postgres.env.iter().flatten().find(|e| e.name == "TLS_DIR").and_then(|e| e.value.clone());
+        assert_eq!(tls_dir.as_deref(), Some(SERVER_TLS_MOUNT));
+        let instance = Pod { spec: Some(pod), ..Default::default() };
+        assert_eq!(upstream_sslmode(&instance), "verify-ca");
+        assert_eq!(upstream_sslmode(&Pod::default()), "prefer", "a primary from before TLS offers none");
+        // The superuser's password comes from the Secret Keelson confirmed, never `<name>-superuser`.
+        let template = serde_json::to_string(&instance.spec).expect("serializes");
+        assert!(!template.contains("production-db-superuser"), "{template}");
+        assert!(template.contains("superuser-password"));
     }
 
     #[test]

@@ -95,8 +95,10 @@ impl Outcome {
         if !self.waiting.is_empty() {
             return Ok(Action::requeue(WAIT_POLL));
         }
+        // An invalid spec waits for a change to it, unless what made it invalid is outside the
+        // spec and unwatched (a Secret it names), which the reconciler asks to look at again.
         if self.invalid.is_some() {
-            return Ok(Action::await_change());
+            return Ok(self.recheck.map_or_else(Action::await_change, |recheck| Action::requeue(recheck.min(RESYNC))));
         }
         Ok(Action::requeue(self.recheck.map_or(RESYNC, |recheck| recheck.min(RESYNC))))
     }
@@ -125,6 +127,15 @@ mod tests {
         let conflict = Outcome { failures: vec![failure(true)], ..Default::default() };
         assert!(conflict.into_action().is_err_and(|e| e.is_conflict()));
         assert_eq!(Outcome::default().into_action().ok(), Some(Action::requeue(RESYNC)));
+    }
+
+    #[test]
+    fn an_invalid_spec_waits_for_a_change_unless_a_recheck_is_asked() {
+        let invalid = Invalid { field: "spec.x", reason: "Bad", message: "spec.x: bad".into() };
+        let outcome = Outcome { invalid: Some(invalid), ..Default::default() };
+        assert_eq!(outcome.clone().into_action().ok(), Some(Action::await_change()));
+        let unwatched = Outcome { recheck: Some(std::time::Duration::from_secs(10)), ..outcome };
+        assert_eq!(unwatched.into_action().ok(), Some(Action::requeue(std::time::Duration::from_secs(10))));
     }
 
     #[test]

@@ -30,16 +30,34 @@ pub fn client(db: &str, name: &str, script: &str) -> serde_json::Value {
         {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": format!("{db}-credentials"), "key": "password"}}},
         {"name": "PGCONNECT_TIMEOUT", "value": "2"},
         {"name": "PGOPTIONS", "value": "-c statement_timeout=3000"}]);
+    trust_database_ca(&mut pod, db);
     pod
 }
 
-/// One INSERT per connection through `-rw`, each acknowledged id logged with the time, each
+/// Mounts `ca.crt` of database `db`'s credentials Secret where libpq looks for it
+/// (`PGSSLROOTCERT`), as an application does to use the Secret's `sslmode=verify-full` URI.
+pub fn trust_database_ca(pod: &mut serde_json::Value, db: &str) {
+    pod["spec"]["volumes"] = json!([{"name": "database-ca",
+        "secret": {"secretName": format!("{db}-credentials"), "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]);
+    let container = &mut pod["spec"]["containers"][0];
+    container["volumeMounts"] = json!([{"name": "database-ca", "mountPath": "/etc/database-ca", "readOnly": true}]);
+    let env = container["env"].as_array().cloned().unwrap_or_default();
+    container["env"] = json!(
+        env.into_iter()
+            .chain([json!({"name": "PGSSLROOTCERT", "value": "/etc/database-ca/ca.crt"})])
+            .collect::<Vec<_>>()
+    );
+}
+
+/// One INSERT per connection through `-rw` (TLS, the certificate verified as the Secret's URI
+/// asks), each acknowledged id logged with the time, each
 /// refusal with psql's reason. The Service's name is looked up once: what is measured is Keelson
 /// moving `-rw`, not the cluster's DNS (under the whole suite's load, one pause of two 5 s
 /// resolver timeouts was seen).
 pub const WRITER: &str = r#"host="${URI#*@}"; host="${host%%:*}"
 until ip="$(getent hosts "$host" | awk '{print $1; exit}')" && [ -n "$ip" ]; do sleep 0.2; done
-URI="$(echo "$URI" | sed "s/@$host:/@$ip:/")"
+# The address to connect to; the name, for verify-full, stays in the URI.
+URI="$URI&hostaddr=$ip"
 i=0
 until [ -f /tmp/stop ]; do
   i=$((i+1))
@@ -59,7 +77,8 @@ echo done"#;
 /// standby would come back as a commit the standbys may not have.
 pub const SESSION_WRITER: &str = r#"host="${URI#*@}"; host="${host%%:*}"
 until ip="$(getent hosts "$host" | awk '{print $1; exit}')" && [ -n "$ip" ]; do sleep 0.2; done
-URI="$(echo "$URI" | sed "s/@$host:/@$ip:/")"
+# The address to connect to; the name, for verify-full, stays in the URI.
+URI="$URI&hostaddr=$ip"
 export PGOPTIONS=""
 i=0
 until [ -f /tmp/stop ]; do

@@ -26,7 +26,7 @@
 #                                      (default: the newest) in $BACKUP_DIR
 #
 # Environment: PGDATA, PGPORT (5432), APP_DB, APP_USER, APP_PASSWORD,
-# REPLICATION_USER, REPLICATION_PASSWORD (both passwords from files in
+# KEELSON_BIN (computes SCRAM verifiers), REPLICATION_USER, REPLICATION_PASSWORD (both passwords from files in
 # CREDENTIALS_DIR instead, where it is set), PRIMARY_HOST, PRIMARY_PORT,
 # BACKUP_DIR, BACKUP_SOURCE_HOST, TERMINATION_LOG, RETENTION (e.g. 7d, 12h, 4w), PGBIN (folder of the PostgreSQL
 # binaries, default: from PATH), POD_NAME (for `start`), PGHOST (the local
@@ -36,7 +36,9 @@
 # primary's pod address, which a replica streams from (else $PRIMARY_HOST); `fence`: why
 # this server must not run, while the primary lease cannot be renewed; `ack`:
 # this container's start, once the manager read the pod anew; `heartbeat`:
-# written every second while the manager runs).
+# written every second while the manager runs; `upstream-sslmode`: how the
+# primary's certificate is checked), TLS_DIR (the server's certificate, key and
+# CA, as mounted from `<name>-server`: TLS on, plaintext connections refused).
 set -euo pipefail
 
 PGPORT="${PGPORT:-5432}"
@@ -59,6 +61,38 @@ upstream_host() {
   [[ -z "${ORDERS_DIR:-}" ]] || upstream="$(cat "$ORDERS_DIR/upstream" 2>/dev/null)" || upstream=""
   printf '%s' "${upstream:-$PRIMARY_HOST}"
 }
+# TLS: the instance's certificate as mounted ($TLS_DIR), copied where PostgreSQL reads it (it
+# accepts a key only its own user can read), with the CA replicas check their primary against.
+tls_on() { [[ -n "${TLS_DIR:-}" ]]; }
+tls_copy() { echo "$(dirname "$PGDATA")/keelson-tls"; }
+# The mounted files differ from the copy PostgreSQL reads (renewed, or a copy that never was).
+tls_changed() {
+  local file
+  for file in tls.crt tls.key ca.crt; do
+    [[ -s "$TLS_DIR/$file" ]] || return 1
+    cmp -s "$TLS_DIR/$file" "$(tls_copy)/$file" || return 0
+  done
+  return 1
+}
+install_tls() {
+  local to file; to="$(tls_copy)"
+  ( umask 077; mkdir -p "$to"
+    for file in tls.crt tls.key ca.crt; do cat "$TLS_DIR/$file" > "$to/.$file.new" && mv -f "$to/.$file.new" "$to/$file"; done )
+}
+# PostgreSQL's settings for it (on the command line: the files' contents change, their names never).
+ssl_options() {
+  tls_on || return 0
+  printf -- '-c ssl=on -c ssl_cert_file=%s/tls.crt -c ssl_key_file=%s/tls.key -c ssl_min_protocol_version=TLSv1.2' \
+    "$(tls_copy)" "$(tls_copy)"
+}
+# A replica's options for its primary: the timeouts, and TLS checked against the database's CA
+# (`prefer` only while the primary is a pod from before TLS, as the operator says).
+upstream_options() {
+  local mode=""
+  tls_on || { printf '%s' "$UPSTREAM_TIMEOUTS"; return 0; }
+  [[ -z "${ORDERS_DIR:-}" ]] || mode="$(cat "$ORDERS_DIR/upstream-sslmode" 2>/dev/null)" || mode=""
+  printf '%s sslmode=%s sslrootcert=%s/ca.crt' "$UPSTREAM_TIMEOUTS" "${mode:-verify-ca}" "$(tls_copy)"
+}
 log() { printf '%s keelson-postgres: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >&2; }
 need() { [[ -n "${!1:-}" ]] || { log "$1 is not set"; exit 2; }; }
 
@@ -76,6 +110,15 @@ need_passwords() {
 # SQL quoting, in bash builtins: values reach psql on its standard input, never in an argv.
 sql_literal() { local v="${1//\'/\'\'}"; printf "'%s'" "$v"; }
 sql_ident() { local v="${1//\"/\"\"}"; printf '"%s"' "$v"; }
+# A role's password for CREATE/ALTER ROLE: its SCRAM verifier, computed here by Keelson's binary
+# ($KEELSON_BIN, the instance manager's), so that the password itself never reaches the server
+# (nor a statement log). Without the binary (the script run on its own), the password.
+password_sql() {
+  local verifier
+  [[ -n "${KEELSON_BIN:-}" ]] || { sql_literal "$1"; return 0; }
+  verifier="$(printf '%s' "$1" | "$KEELSON_BIN" instance scram-verifier)" || { log "cannot compute a SCRAM verifier"; return 1; }
+  sql_literal "$verifier"
+}
 
 # Seconds in a retention such as 7d, 12h or 4w.
 retention_seconds() {
@@ -115,9 +158,9 @@ CONF
   write_hba
   start_private
   {
-    printf 'CREATE ROLE %s LOGIN PASSWORD %s;\n' "$(sql_ident "$APP_USER")" "$(sql_literal "$(app_password)")"
+    printf 'CREATE ROLE %s LOGIN PASSWORD %s;\n' "$(sql_ident "$APP_USER")" "$(password_sql "$(app_password)")"
     printf 'CREATE ROLE %s REPLICATION LOGIN PASSWORD %s;\n' "$(sql_ident "$REPLICATION_USER")" \
-      "$(sql_literal "$(replication_password)")"
+      "$(password_sql "$(replication_password)")"
   } | "$(bin psql)" -h "$PRIVATE_SOCKET" -p "$PGPORT" -U postgres -v ON_ERROR_STOP=1 -q
   "$(bin psql)" -h "$PRIVATE_SOCKET" -p "$PGPORT" -U postgres -v ON_ERROR_STOP=1 -q \
     -v app_user="$APP_USER" -v app_db="$APP_DB" -v repl_user="$REPLICATION_USER" <<'SQL'
@@ -142,20 +185,30 @@ SQL
 # over the local socket only as one's own OS user (the pod's processes run as
 # postgres); over the network never as the superuser, replication only as the
 # replication role, everyone else with a SCRAM password.
+# With TLS, only encrypted connections (hostssl): a plaintext one finds no line and is refused.
+# The superuser over the network only with spec.superuserAccess (its password mounted).
 write_hba() {
-  cat > "$PGDATA/pg_hba.conf" <<HBA
-# Keelson writes this file before each start.
+  local host=host superuser
+  tls_on && host=hostssl
+  superuser="host all postgres all reject"
+  [[ -z "$(superuser_password)" ]] || superuser="$host all postgres all scram-sha-256"
+  local partial; partial="$(mktemp "$PGDATA/.pg_hba.XXXXXX")"
+  cat > "$partial" <<HBA
+# Keelson writes this file before each start, and when superuser access changes.
 local all all peer
-host all postgres all reject
-host replication $REPLICATION_USER all scram-sha-256
-host all all all scram-sha-256
+$superuser
+$host replication $REPLICATION_USER all scram-sha-256
+$host all all all scram-sha-256
 HBA
+  chmod 600 "$partial"
+  mv -f "$partial" "$PGDATA/pg_hba.conf"
 }
+superuser_password() { secret_file superuser-password ""; }
 
 # A server on a socket of its own and no TCP, for setting up before anyone may connect.
 start_private() {
   PRIVATE_SOCKET="$(mktemp -d)"
-  "$(bin pg_ctl)" -D "$PGDATA" -o "-c listen_addresses='' -k $PRIVATE_SOCKET -p $PGPORT" -w start >/dev/null
+  "$(bin pg_ctl)" -D "$PGDATA" -o "-c listen_addresses='' -k $PRIVATE_SOCKET -p $PGPORT $(ssl_options)" -w start >/dev/null
 }
 stop_private() {
   "$(bin pg_ctl)" -D "$PGDATA" -m fast -w stop >/dev/null
@@ -216,12 +269,12 @@ init_replica() {
   log "waiting for the primary $upstream:$PRIMARY_PORT"
   until upstream="$(upstream_host)" && "$(bin pg_isready)" -q -h "$upstream" -p "$PRIMARY_PORT"; do sleep 1; done
   # Credentials being rotated may not agree for a moment: wait, rather than fail half-cloned.
-  wait_for_replication_login "host=$upstream port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $UPSTREAM_TIMEOUTS"
+  wait_for_replication_login "host=$upstream port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $(upstream_options)"
   log "cloning the primary with pg_basebackup"
   mkdir -p "$PGDATA"; chmod 700 "$PGDATA"
   # -R writes these options into primary_conninfo too (no application_name:
   # the clone's stream must not count as a synchronous standby).
-  PGPASSWORD="$(replication_password)" "$(bin pg_basebackup)" -d "$UPSTREAM_TIMEOUTS" -h "$upstream" -p "$PRIMARY_PORT" \
+  PGPASSWORD="$(replication_password)" "$(bin pg_basebackup)" -d "$(upstream_options)" -h "$upstream" -p "$PRIMARY_PORT" \
     -U "$REPLICATION_USER" -D "$PGDATA" -X stream -R --checkpoint=fast
   log "replica initialised; it streams from $upstream"
 }
@@ -242,7 +295,7 @@ rejoin() {
   fi
   log "rejoining as a replica of $upstream"
   until upstream="$(upstream_host)" && "$(bin pg_isready)" -q -h "$upstream" -p "$PRIMARY_PORT"; do sleep 0.5; done
-  local source="host=$upstream port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $UPSTREAM_TIMEOUTS" output
+  local source="host=$upstream port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $(upstream_options)" output
   # A login that fails (a password being rotated) must not pass for a rewind that cannot be done:
   # that would throw this data away and clone.
   wait_for_replication_login "$source"
@@ -304,6 +357,8 @@ restart_server() {
 # writes it from the pod's label), then sets the data up for it.
 prepare_for_role() {
   local role waited=0
+  # The certificate first: every server below (a private one included) starts with TLS.
+  if tls_on; then install_tls; fi
   # Fenced by the instance manager (it could not renew the primary lease), or the manager is
   # silent: no server until it can renew, and is heard from.
   local why
@@ -401,8 +456,9 @@ start() {
     # Replication connections that went silent (a partition, a powered-off
     # node) are dropped after 5 s: a cut-off primary sees its replicas gone,
     # and fences itself, before the operator takes its lease for expired.
+    # shellcheck disable=SC2046 # ssl_options is words by design
     "$(bin postgres)" -D "$PGDATA" -p "$PGPORT" -c cluster_name="$POD_NAME" \
-      -c wal_sender_timeout=5s -c wal_receiver_timeout=5s &
+      -c wal_sender_timeout=5s -c wal_receiver_timeout=5s $(ssl_options) &
     server=$!
     if [[ -z "$following" ]]; then
       following=1
@@ -445,7 +501,7 @@ fence_server() {
 # its pod (a forced deletion) can never be streamed from again.
 follow_orders() {
   local socket="${PGHOST:-/var/run/postgresql}" role wanted state in_recovery streaming current upstream hold host
-  local senders
+  local senders sslmode
   # A hung server must not hang the orders: give up on a connection after a few seconds.
   local sql=(env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
   role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" || return 0
@@ -462,8 +518,9 @@ follow_orders() {
       current_setting('synchronous_standby_names'),
       current_setting('primary_conninfo') <> '',
       coalesce(substring(current_setting('primary_conninfo') from 'host=''?([^'' ]+)'), ''),
+      coalesce(substring(current_setting('primary_conninfo') from 'sslmode=''?([^'' ]+)'), ''),
       (SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming')" 2>/dev/null)" || return 0
-  IFS='|' read -r in_recovery streaming current upstream host senders <<<"$state"
+  IFS='|' read -r in_recovery streaming current upstream host sslmode senders <<<"$state"
   rm -f "$(starting_marker)"
   # A primary with no replica streaming from it and its manager silent: the manager's
   # fence could not come, so it stops (as when fenced) until the manager is back.
@@ -488,6 +545,10 @@ SQL
     follow "$(upstream_host)" || true
   elif [[ "$in_recovery" == t && "$role" == replica && "$host" != "$(upstream_host)" ]]; then
     # A new primary, or its pod's new address.
+    follow "$(upstream_host)" || true
+  elif [[ "$in_recovery" == t && "$role" == replica && "$upstream" == t ]] && tls_on \
+      && [[ " $(upstream_options) " != *" sslmode=$sslmode "* ]]; then
+    # The operator changed how the primary's certificate is checked (its pod now presents one).
     follow "$(upstream_host)" || true
   fi
   if [[ "$role" == primary && "$in_recovery" == t ]]; then
@@ -521,7 +582,7 @@ follow() {
   # Held for a failover: no streaming until the operator lifts the hold (a
   # credentials change or a reconnect must not undo it).
   if [[ -n "${ORDERS_DIR:-}" && -s "$ORDERS_DIR/hold" ]]; then log "held for a failover: not following $host yet"; return 1; fi
-  conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica} $UPSTREAM_TIMEOUTS"
+  conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica} $(upstream_options)"
   conninfo+=" password=$(replication_password)"
   printf 'ALTER SYSTEM SET primary_conninfo = %s;\nSELECT pg_reload_conf();\n' "$(sql_literal "$conninfo")" \
     | env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
@@ -534,7 +595,7 @@ follow() {
 follow_orders_loop() {
   local stalled_since="" kicked="" seen="" orders looked=-1
   while sleep "${ORDERS_POLL:-0.2}"; do
-    orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" "$ORDERS_DIR/hold" "$ORDERS_DIR/upstream" "$ORDERS_DIR/fence" 2>/dev/null || true)"
+    orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" "$ORDERS_DIR/hold" "$ORDERS_DIR/upstream" "$ORDERS_DIR/upstream-sslmode" "$ORDERS_DIR/fence" 2>/dev/null || true)"
     [[ "$orders" != "$seen" || $SECONDS -ne $looked ]] || continue
     seen="$orders" looked=$SECONDS STREAMING="" IN_RECOVERY=""
     follow_orders || true
@@ -573,9 +634,17 @@ watch_credentials() {
   local dir="${CREDENTIALS_DIR:-}" applied="" current mode
   [[ -n "$dir" && -d "$dir" ]] || return 0
   while sleep "${CREDENTIALS_POLL:-3}"; do
+    # A renewed certificate: copied and reloaded, open sessions untouched, new ones get it.
+    if tls_on && tls_changed; then
+      if install_tls && env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" \
+          -p "$PGPORT" -U postgres -d postgres -c 'SELECT pg_reload_conf()' >/dev/null; then
+        log "the server certificate changed: reloaded"
+      fi
+    fi
     # A replica holding for a failover must not start streaming again (follow_orders lifts the hold).
     [[ -s "$ORDERS_DIR/hold" ]] && continue
-    current="$(cat "$dir/password" "$dir/replication-password" 2>/dev/null | sha256sum)" || continue
+    current="$( { cat "$dir/password" "$dir/replication-password" && { cat "$dir/superuser-password" 2>/dev/null || true; }; } \
+      2>/dev/null | sha256sum)" || continue
     # Applied per role: a replica applies the passwords to its streaming, and
     # once promoted it must set them on the roles (a rotation its former
     # primary had not applied yet would otherwise lock every replica out).
@@ -587,20 +656,34 @@ watch_credentials() {
 }
 
 apply_credentials() {
-  local dir="$1" socket="${PGHOST:-/var/run/postgresql}" in_recovery
+  local dir="$1" socket="${PGHOST:-/var/run/postgresql}" in_recovery hba
   local sql=("$(bin psql)" -X -At -q -h "$socket" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
   in_recovery="$("${sql[@]}" -c 'SELECT pg_is_in_recovery()' 2>/dev/null)" || return 1
+  # Superuser access turned on or off: every instance's pg_hba.conf follows, reloaded.
+  if [[ -n "${PGDATA:-}" ]]; then
+    hba="$(cat "$PGDATA/pg_hba.conf" 2>/dev/null)" || hba=""
+    write_hba
+    if [[ "$(cat "$PGDATA/pg_hba.conf")" != "$hba" ]]; then
+      "${sql[@]}" -c 'SELECT pg_reload_conf()' >/dev/null || return 1
+      log "pg_hba.conf rewritten (superuser access $([[ -n "$(superuser_password)" ]] && echo on || echo off))"
+    fi
+  fi
   if [[ "$in_recovery" == f ]]; then
     # Not waiting for a synchronous standby: one that must log in with the new
     # password to stream (two instances, after a switchover) would never confirm
     # it. Each new primary sets the passwords again from the mounted Secret.
     {
       printf 'BEGIN;\nSET LOCAL synchronous_commit = local;\n'
-      printf 'ALTER ROLE %s PASSWORD %s;\n' "$(sql_ident "$APP_USER")" "$(sql_literal "$(cat "$dir/password")")"
+      printf 'ALTER ROLE %s PASSWORD %s;\n' "$(sql_ident "$APP_USER")" "$(password_sql "$(cat "$dir/password")")"
       printf 'ALTER ROLE %s PASSWORD %s;\n' "$(sql_ident "$REPLICATION_USER")" \
-        "$(sql_literal "$(cat "$dir/replication-password")")"
-      # No network login for the superuser (databases from before 2026-12-06 gave it the app's password).
-      printf 'ALTER ROLE postgres PASSWORD NULL;\nCOMMIT;\n'
+        "$(password_sql "$(cat "$dir/replication-password")")"
+      # No network login for the superuser unless spec.superuserAccess mounts its password.
+      if [[ -n "$(superuser_password)" ]]; then
+        printf 'ALTER ROLE postgres PASSWORD %s;\n' "$(password_sql "$(superuser_password)")"
+      else
+        printf 'ALTER ROLE postgres PASSWORD NULL;\n'
+      fi
+      printf 'COMMIT;\n'
     } | "${sql[@]}" || return 1
   else
     local password conninfo host
