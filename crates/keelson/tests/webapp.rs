@@ -85,6 +85,9 @@ async fn create_reaches_running_and_kubectl_shows_the_tutorial_columns() -> anyh
     // The short name and the category work too.
     assert!(kubectl(&["-n", &ns.name, "get", "wa"])?.contains("sandy-app"));
     assert!(kubectl(&["-n", &ns.name, "get", "keelson"])?.contains("webapp.apps.keelson.dev/sandy-app"));
+    // Tools that read health from a Ready condition (kstatus, Argo CD, Flux) see it.
+    let waited = kubectl(&["-n", &ns.name, "wait", "--for=condition=Ready", "webapp/sandy-app", "--timeout=60s"])?;
+    assert!(waited.contains("condition met"), "{waited}");
     Ok(())
 }
 

@@ -61,6 +61,19 @@ pub fn compute(app: &WebApp, observed_children: &Observed, outcome: &Outcome, no
         Some(message) => DesiredCondition::new("Degraded", true, "ReconcileFailed", message),
         None => DesiredCondition::new("Degraded", false, "AsExpected", ""),
     };
+    // What tools read (kstatus, `kubectl wait --for=condition=Ready`, Argo CD, Flux): the phase as a condition.
+    let ready_condition = match outcome.failure_message() {
+        Some(message) => DesiredCondition::new("Ready", false, "ReconcileFailed", message),
+        None if running => {
+            DesiredCondition::new("Ready", true, "Running", format!("{available}/{desired} replicas available"))
+        }
+        None => DesiredCondition::new(
+            "Ready",
+            false,
+            "Scaling",
+            format!("{replicas} pods, {updated} up to date, {available} available; want {desired}"),
+        ),
+    };
     let previous = app.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     let generation = app.metadata.generation;
     WebAppStatus {
@@ -71,7 +84,7 @@ pub fn compute(app: &WebApp, observed_children: &Observed, outcome: &Outcome, no
         observed_generation: generation,
         conditions: merge_conditions(
             previous,
-            &[available_condition, progressing_condition, degraded_condition],
+            &[ready_condition, available_condition, progressing_condition, degraded_condition],
             generation,
             now,
         ),
@@ -128,6 +141,7 @@ mod tests {
         assert_eq!(condition(&status, "Available"), "True");
         assert_eq!(condition(&status, "Progressing"), "False");
         assert_eq!(condition(&status, "Degraded"), "False");
+        assert_eq!(condition(&status, "Ready"), "True", "kubectl wait --for=condition=Ready");
         assert_eq!(status.selector.as_deref(), Some("app=sandy-app"));
     }
 
@@ -135,6 +149,7 @@ mod tests {
     fn extra_pods_after_outside_scale_is_scaling() {
         let status = compute(&sample(), &with(deployment(3, 3, 10, 10, 10)), &Outcome::default(), &now());
         assert_eq!(status.phase, Some(WebAppPhase::Scaling));
+        assert_eq!(condition(&status, "Ready"), "False");
         assert_eq!(condition(&status, "Progressing"), "True");
     }
 
