@@ -92,8 +92,12 @@ async fn pods_on_different_nodes_reach_each_other_by_ip_service_and_dns() -> any
         ips.push(ready.status.and_then(|s| s.pod_ip).context("a Ready pod without an IP")?);
     }
     // Every node's client fetches every server by pod IP and by Service DNS name.
+    // A node's kube-proxy programs a new Service a moment after its endpoint is
+    // Ready, so each fetch is retried for up to 30 s before it counts as failed.
     let mut script = String::from(
-        "get() { timeout 5 bash -c \"exec 3<>/dev/tcp/$1/80; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3\" | tail -n 1; }; ",
+        "get() { for _ in $(seq 1 30); do \
+           out=$(timeout 3 bash -c \"exec 3<>/dev/tcp/$1/80; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3\" | tail -n 1); \
+           case \"$out\" in served-by-*) echo \"$out\"; return;; esac; sleep 1; done; echo \"unreachable: $out\"; }; ",
     );
     for (i, ip) in ips.iter().enumerate() {
         let dns = format!("web-{}.{}.svc.cluster.local", i + 1, ns.name);
