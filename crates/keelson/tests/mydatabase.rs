@@ -156,6 +156,13 @@ async fn tutorial_database_runs_with_every_child() -> anyhow::Result<()> {
     );
     let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().take(6).collect();
     assert_eq!(row, ["production-db", "Running", "true", "3/3", "production-db-0", "15.2"], "{table}");
+
+    // The scale subresource: `kubectl scale` sets spec.replicas, within the schema's bounds.
+    let refused =
+        kubectl(&["-n", &ns.name, "scale", "mydb", "production-db", "--replicas=0"]).expect_err("0 instances");
+    assert!(refused.to_string().contains("spec.replicas"), "{refused}");
+    kubectl(&["-n", &ns.name, "scale", "mydb", "production-db", "--replicas=2"])?;
+    assert_eq!(ns.api::<MyDatabase>().get(NAME).await?.spec.replicas, 2);
     Ok(())
 }
 

@@ -38,7 +38,9 @@ pub const SUPPORTED_MAJORS: &[u32] = &[15, 16, 17, 18];
     printcolumn(name = "Primary", type_ = "string", json_path = ".status.currentPrimary"),
     printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
     printcolumn(name = "Last Backup", type_ = "date", json_path = ".status.lastBackupTime"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    // `kubectl scale mydb` (the schema's 1..16 still applies); no selector: not an HPA target.
+    scale(spec_replicas_path = ".spec.replicas", status_replicas_path = ".status.readyReplicas")
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.restoreFrom) == has(oldSelf.restoreFrom)").message("spec.restoreFrom can be set only when the MyDatabase is created"))]
