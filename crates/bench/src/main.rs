@@ -608,13 +608,19 @@ fn database(i: usize) -> MyDatabase {
             version: "15.2".into(),
             storage: "1Gi".into(),
             image_repository: "postgres".into(),
-            backup: Some(BackupSpec { schedule: "0 2 * * *".into(), retention: "7d".into(), storage: "1Gi".into() }),
+            backup: Some(BackupSpec {
+                schedule: "0 2 * * *".into(),
+                retention: "7d".into(),
+                storage: "1Gi".into(),
+                storage_class_name: None,
+            }),
             restore_from: None,
             restore_to: Vec::new(),
             deletion_policy: DeletionPolicy::Delete,
             replication: Default::default(),
             superuser_access: false,
             tls: None,
+            ..Default::default()
         },
     )
 }

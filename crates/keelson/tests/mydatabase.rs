@@ -186,6 +186,10 @@ async fn invalid_specs_are_rejected_or_reported_naming_the_field() -> anyhow::Re
         (json!({"backup": {"schedule": "0 2 * *", "retention": "7d"}}), "spec.backup.schedule"),
         (json!({"backup": {"schedule": "0 2 * * *", "retention": "7 days"}}), "spec.backup.retention"),
         (json!({"deletionPolicy": "Shred"}), "spec.deletionPolicy"),
+        (json!({"postgresql": {"parameters": {"synchronous_commit": "off"}}}), "synchronous_commit is set by Keelson"),
+        (json!({"postgresql": {"parameters": {"shared_preload_libraries": "x"}}}), "spec.postgresql.parameters"),
+        (json!({"storageClassName": ""}), "spec.storageClassName"),
+        (json!({"tolerations": "all"}), "spec.tolerations"),
     ];
     for (index, (overrides, field)) in cases.into_iter().enumerate() {
         let mut spec = base.clone();
@@ -228,10 +232,52 @@ async fn invalid_specs_are_rejected_or_reported_naming_the_field() -> anyhow::Re
     // One reconcile per change, no retry storm: at most a couple beyond the poke.
     assert!(operator.counter("keelson_reconcile_total") <= reconciles + 2, "hot loop on an invalid spec");
 
-    // Storage never shrinks and the major version never changes in place (CEL transition rules).
+    // Values only the reconciler checks: a condition naming the field, and nothing applied.
+    for (name, spec, reason, field) in [
+        (
+            "bad-value",
+            json!({"postgresql": {"parameters": {"work_mem": "lots"}}}),
+            "InvalidParameter",
+            "spec.postgresql.parameters.work_mem",
+        ),
+        (
+            "bad-resources",
+            json!({"resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}}),
+            "InvalidResources",
+            "spec.resources.requests.memory 2Gi is above spec.resources.limits.memory",
+        ),
+    ] {
+        let mut full = json!({"version": "15", "storage": "1Gi"});
+        for (k, v) in spec.as_object().into_iter().flatten() {
+            full[k] = v.clone();
+        }
+        let bad: MyDatabase = serde_json::from_value(json!({"apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase",
+            "metadata": {"name": name}, "spec": full}))?;
+        dbs.create(&PostParams::default(), &bad).await?;
+        let failed = wait_for(&dbs, name, "SpecValid False", DEFAULT_TIMEOUT, |db| {
+            condition(db, "SpecValid").is_some_and(|c| c.0 == "False")
+        })
+        .await?;
+        let (_, got_reason, message) = condition(&failed, "SpecValid").unwrap_or_default();
+        assert_eq!(got_reason, reason, "{message}");
+        assert!(message.contains(field), "{message} does not name {field}");
+        assert!(ns.api::<StatefulSet>().get_opt(name).await?.is_none(), "an invalid spec was applied");
+    }
+
+    // Storage never shrinks, the major version never changes in place, the data volumes keep
+    // their class, and max_connections does not shrink (CEL transition rules).
     let created: MyDatabase = serde_json::from_value(json!({"apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase",
-        "metadata": {"name": "grow"}, "spec": {"version": "15", "storage": "2Gi"}}))?;
+        "metadata": {"name": "grow"}, "spec": {"version": "15", "storage": "2Gi",
+        "postgresql": {"parameters": {"max_connections": "200"}}}}))?;
     dbs.create(&PostParams::default(), &created).await?;
+    let class = json!({"spec": {"storageClassName": "fast"}});
+    let class = dbs.patch("grow", &PatchParams::default(), &Patch::Merge(class)).await;
+    assert!(format!("{class:?}").contains("spec.storageClassName can be set only when"), "{class:?}");
+    let fewer = json!({"spec": {"postgresql": {"parameters": {"max_connections": "100"}}}});
+    let fewer = dbs.patch("grow", &PatchParams::default(), &Patch::Merge(fewer)).await;
+    assert!(format!("{fewer:?}").contains("max_connections may grow but not shrink"), "{fewer:?}");
+    let more = json!({"spec": {"postgresql": {"parameters": {"max_connections": "300"}}}});
+    dbs.patch("grow", &PatchParams::default(), &Patch::Merge(more)).await?;
     let shrink = dbs.patch("grow", &PatchParams::default(), &Patch::Merge(json!({"spec": {"storage": "1Gi"}}))).await;
     assert!(format!("{shrink:?}").contains("storage may grow but never shrink"), "{shrink:?}");
     let major = dbs.patch("grow", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "16"}}))).await;

@@ -715,3 +715,71 @@ async fn a_certificate_from_elsewhere_is_presented_once_its_secret_names_the_dat
     }
     Ok(())
 }
+
+/// The production knobs reach the pods: QoS class, storage class, priority,
+/// node affinity, tolerations and a PostgreSQL parameter served by `SHOW`; a
+/// parameter change rolls the instances, and a bad value rolls nothing.
+#[tokio::test]
+async fn resources_storage_class_parameters_and_placement_reach_the_pods() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-knobs").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    // Cluster-scoped: named after the test's namespace, removed at the end.
+    let priority = format!("{}-databases", ns.name);
+    let classes = kube::Api::<PriorityClass>::all(cluster.client.clone());
+    let class = json!({"metadata": {"name": priority}, "value": 1000});
+    classes.create(&PostParams::default(), &serde_json::from_value(class)?).await?;
+    let allowed_nodes = ["keelson-node-1", "keelson-node-2"];
+    let dbs = ns.api::<MyDatabase>();
+    let spec = json!({"replicas": 2, "version": "15.2", "storage": "1Gi", "storageClassName": "keelson-local",
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": "250m", "memory": "256Mi"}},
+        "postgresql": {"parameters": {"work_mem": "12MB", "max_connections": "150"}},
+        "priorityClassName": priority,
+        "tolerations": [{"key": "keelson.dev/databases", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": allowed_nodes}]}]}}}});
+    dbs.create(&PostParams::default(), &database("tuned", spec)?).await?;
+    testkit::wait_for(&dbs, "tuned", "Running 2/2", DEFAULT_TIMEOUT, running(2)).await?;
+
+    let pods = ns.api::<Pod>();
+    for name in ["tuned-0", "tuned-1"] {
+        let pod = pods.get(name).await?;
+        let (spec, status) = (pod.spec.unwrap_or_default(), pod.status.unwrap_or_default());
+        assert_eq!(status.qos_class.as_deref(), Some("Guaranteed"), "{name}");
+        assert_eq!((spec.priority_class_name.as_deref(), spec.priority), (Some(priority.as_str()), Some(1000)));
+        assert!(allowed_nodes.contains(&spec.node_name.as_deref().unwrap_or_default()), "{name} off its nodes");
+        let tolerated = spec.tolerations.unwrap_or_default();
+        assert!(tolerated.iter().any(|t| t.key.as_deref() == Some("keelson.dev/databases")), "{tolerated:?}");
+        assert_eq!(sql_in(&ns, name, "SHOW work_mem")?, "12MB");
+        assert_eq!(sql_in(&ns, name, "SHOW max_connections")?, "150");
+        let claim = ns.api::<PersistentVolumeClaim>().get(&format!("data-{name}")).await?;
+        assert_eq!(claim.spec.and_then(|s| s.storage_class_name).as_deref(), Some("keelson-local"));
+    }
+
+    // A change rolls the instances (replicas first, then a switchover) and is served.
+    let patch = |work_mem: &str| json!({"spec": {"postgresql": {"parameters": {"work_mem": work_mem}}}});
+    dbs.patch("tuned", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch("16MB"))).await?;
+    eventually(DEFAULT_TIMEOUT, "every instance to serve work_mem 16MB", || async {
+        ["tuned-0", "tuned-1"].iter().all(|pod| sql_in(&ns, pod, "SHOW work_mem").is_ok_and(|v| v == "16MB"))
+    })
+    .await?;
+    testkit::wait_for(&dbs, "tuned", "Running 2/2 after the roll", DEFAULT_TIMEOUT, running(2)).await?;
+
+    // A value PostgreSQL would refuse is refused by field first; nothing rolls.
+    dbs.patch("tuned", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch("lots"))).await?;
+    let refused = testkit::wait_for(&dbs, "tuned", "SpecValid False", DEFAULT_TIMEOUT, |db| {
+        db.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| c.type_ == "SpecValid" && c.status == "False" && c.reason == "InvalidParameter")
+        })
+    })
+    .await?;
+    let message = refused.status.map(|s| s.conditions).unwrap_or_default();
+    assert!(format!("{message:?}").contains("spec.postgresql.parameters.work_mem"), "{message:?}");
+    for name in ["tuned-0", "tuned-1"] {
+        assert_eq!(sql_in(&ns, name, "SHOW work_mem")?, "16MB", "{name} changed on a refused value");
+    }
+    classes.delete(&priority, &Default::default()).await?;
+    Ok(())
+}

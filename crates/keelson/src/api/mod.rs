@@ -7,6 +7,7 @@
 pub mod conditions;
 pub mod instance;
 pub mod mydatabase;
+pub mod parameters;
 pub mod reference;
 pub mod webapp;
 

@@ -1,11 +1,14 @@
 //! `MyDatabase` (`db.keelson.dev/v1`): a PostgreSQL primary with streaming
 //! replicas, credentials, scheduled backups and a deletion policy.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, LocalObjectReference, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::reference;
+use super::{parameters, reference};
 
 /// `kubectl annotate mydatabase <name> db.keelson.dev/switchover-to=<pod>`:
 /// move the primary to that replica (removed once done or refused).
@@ -21,7 +24,7 @@ pub const FORCE_FAILOVER_ANNOTATION: &str = "db.keelson.dev/force-failover";
 pub const SUPPORTED_MAJORS: &[u32] = &[15, 16, 17, 18];
 
 /// Desired state of a PostgreSQL database cluster.
-#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "db.keelson.dev",
     version = "v1",
@@ -44,6 +47,7 @@ pub const SUPPORTED_MAJORS: &[u32] = &[15, 16, 17, 18];
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.restoreFrom) == has(oldSelf.restoreFrom)").message("spec.restoreFrom can be set only when the MyDatabase is created"))]
+#[x_kube(validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName)").message("spec.storageClassName can be set only when the MyDatabase is created: data volumes keep their class"))]
 pub struct MyDatabaseSpec {
     /// PostgreSQL instances: pod 0 is the primary, the others stream from it.
     #[serde(default = "default_replicas")]
@@ -120,6 +124,66 @@ pub struct MyDatabaseSpec {
     /// the database's own unless `tls.serverSecret` names one to present instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
+
+    /// Compute resources of PostgreSQL's container. Default: requests of
+    /// `cpu: 100m` and `memory: 256Mi`, no limits (Burstable). Limits for
+    /// cpu and memory equal to the requests (or limits alone) make the pods
+    /// Guaranteed: Keelson then gives its instance manager equal requests and
+    /// limits too. Changing them rolls the instances (replicas first, then a
+    /// switchover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// StorageClass of the data volumes; the cluster's default when absent.
+    /// Set at creation only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.storageClassName is immutable: data volumes keep their class"))]
+    pub storage_class_name: Option<String>,
+
+    /// PostgreSQL's own settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgresql: Option<PostgresqlSpec>,
+
+    /// Nodes the instances may run on, by label (as in a pod's spec).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+
+    /// Taints the instances (and backup Jobs) tolerate (as in a pod's spec).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub tolerations: Vec<Toleration>,
+
+    /// Node and pod affinity of the instances (as in a pod's spec). Without
+    /// a `podAntiAffinity` of yours, Keelson prefers one instance per node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+
+    /// Secrets for pulling the PostgreSQL image from a private registry
+    /// (instances, backups and restores).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+
+    /// PriorityClass of the instances' pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
+}
+
+/// PostgreSQL's own settings.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresqlSpec {
+    /// Settings for `postgresql.conf`, e.g. `work_mem: 16MB`, from an
+    /// allowlist (docs/production.md); those Keelson manages (replication,
+    /// TLS, durability) are refused by name. A change rolls the instances,
+    /// replicas first, so a value PostgreSQL refuses stops at the first
+    /// replica. `max_connections` may grow but not shrink in place (replicas
+    /// need at least the primary's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "parameters::schema")]
+    pub parameters: BTreeMap<String, String>,
 }
 
 /// The label a Secret must carry, naming the MyDatabase, for `spec.tls.serverSecret` to use it.
@@ -166,8 +230,9 @@ pub struct RestoreFrom {
 }
 
 /// When backups run and how long they are kept.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName)").message("spec.backup.storageClassName can be set only with the first backup settings: the backups volume keeps its class"))]
 pub struct BackupSpec {
     /// Cron schedule with 5 fields (minute hour day-of-month month day-of-week), e.g. `0 2 * * *`,
     /// or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly, as CronJobs take it.
@@ -187,6 +252,13 @@ pub struct BackupSpec {
     #[schemars(length(min = 1, max = 32))]
     #[x_kube(validation = Rule::new(reference::POSITIVE_QUANTITY_RULE).message(reference::POSITIVE_QUANTITY_MESSAGE))]
     pub storage: String,
+
+    /// StorageClass of the backups volume; the cluster's default when absent.
+    /// Set with the first backup only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.backup.storageClassName is immutable: the backups volume keeps its class"))]
+    pub storage_class_name: Option<String>,
 }
 
 /// Annotation on a backups volume: who may restore from it (`spec.backup.restoreTo`).

@@ -15,8 +15,11 @@ pub mod instance_access;
 pub mod instances;
 pub mod names;
 pub mod observed;
+pub mod parameters;
 pub mod pdb;
+pub mod placement;
 pub mod reconcile;
+pub mod resources;
 pub mod restore;
 pub mod rollout;
 pub mod scripts;
@@ -213,6 +216,7 @@ pub(crate) mod tests {
                     schedule: "0 2 * * *".into(),
                     retention: "7d".into(),
                     storage: "10Gi".into(),
+                    storage_class_name: None,
                 }),
                 restore_from: None,
                 restore_to: Vec::new(),
@@ -220,6 +224,7 @@ pub(crate) mod tests {
                 replication: Default::default(),
                 superuser_access: false,
                 tls: None,
+                ..Default::default()
             },
         );
         db.metadata = ObjectMeta {

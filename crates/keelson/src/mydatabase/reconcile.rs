@@ -145,6 +145,7 @@ impl Reconciler for MyDatabaseReconciler {
 
     fn validate(db: &MyDatabase, observed: &Observed) -> Result<(), Invalid> {
         validation::validate(&db.spec)?;
+        super::resources::validate(db)?;
         tls::user_certificate(db, observed.user_server_tls.as_ref()).map(|_| ())
     }
 

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::names;
 use super::observed::Observed;
+use super::placement;
 use super::statefulset::{
     DATA_MOUNT, POSTGRES_UID, data_claim, empty_dir, env, image, instance_env, mount, password_env, scripts_volume,
 };
@@ -141,21 +142,24 @@ fn job(db: &MyDatabase, from: &RestoreFrom) -> Result<Job> {
             active_deadline_seconds: Some(6 * 3600),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(names::labels(db, "restore")), ..Default::default() }),
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".into()),
-                    // A restore talks to no API server.
-                    automount_service_account_token: Some(false),
-                    security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
-                    containers: vec![container],
-                    volumes: Some(vec![
-                        claim_volume("data", names::first_data_claim(db), false),
-                        claim_volume("source", names::backups_pvc_of(&from.database), true),
-                        scripts_volume(db),
-                        empty_dir("run"),
-                        empty_dir("tmp"),
-                    ]),
-                    ..Default::default()
-                }),
+                spec: Some(placement::job(
+                    db,
+                    PodSpec {
+                        restart_policy: Some("Never".into()),
+                        // A restore talks to no API server.
+                        automount_service_account_token: Some(false),
+                        security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
+                        containers: vec![container],
+                        volumes: Some(vec![
+                            claim_volume("data", names::first_data_claim(db), false),
+                            claim_volume("source", names::backups_pvc_of(&from.database), true),
+                            scripts_volume(db),
+                            empty_dir("run"),
+                            empty_dir("tmp"),
+                        ]),
+                        ..Default::default()
+                    },
+                )),
             },
             ..Default::default()
         }),

@@ -5,12 +5,11 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIProjection,
-    DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, KeyToPath, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec,
-    Probe, ProjectedVolumeSource, SecretKeySelector, SecretProjection, SecretVolumeSource,
-    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection, VolumeResourceRequirements,
-    WeightedPodAffinityTerm,
+    ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile,
+    EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, Pod, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecretKeySelector,
+    SecretProjection, SecretVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -18,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use super::credentials::{PASSWORD_KEY, REPLICATION_PASSWORD_KEY, SUPERUSER_PASSWORD_KEY};
 use super::names::{self, APP_DB, APP_USER, PORT};
 use super::tls::{CA_CERT_KEY, TLS_CERT_KEY, TLS_KEY_KEY};
+use super::{parameters, placement, resources};
 use crate::Result;
 use crate::api::MyDatabase;
 use crate::runtime::{Settings, drift, meta, security};
@@ -228,6 +228,7 @@ pub fn data_claim(db: &MyDatabase, name: &str) -> PersistentVolumeClaim {
                 requests: Some([("storage".to_string(), Quantity(db.spec.storage.clone()))].into()),
                 ..Default::default()
             }),
+            storage_class_name: db.spec.storage_class_name.clone(),
             ..Default::default()
         }),
         ..Default::default()
@@ -254,6 +255,7 @@ fn instance_manager(db: &MyDatabase, settings: &Settings) -> (Container, Contain
         image: Some(settings.instance_image.clone()),
         // The image's binary is /keelson itself: the folder goes elsewhere here.
         command: Some(vec!["/keelson".into(), "instance".into(), "install".into(), "/install/keelson".into()]),
+        resources: Some(resources::manager(&resources::postgres(db))),
         security_context: Some(security::restricted_container()),
         volume_mounts: Some(vec![mount("instance-manager", "/install")]),
         ..Default::default()
@@ -268,6 +270,7 @@ fn instance_manager(db: &MyDatabase, settings: &Settings) -> (Container, Contain
             env("PGHOST", "/var/run/postgresql"),
             env("PGPORT", PORT.to_string()),
         ]),
+        resources: Some(resources::manager(&resources::postgres(db))),
         security_context: Some(security::restricted_container()),
         volume_mounts: Some(vec![
             // It writes the operator's orders here for PostgreSQL's container.
@@ -343,6 +346,8 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                     env("KEELSON_BIN", format!("{MANAGER_DIR}/keelson")),
                     // The operator's orders (role, synchronous standbys), from the instance manager.
                     env("ORDERS_DIR", MANAGER_DIR),
+                    // spec.postgresql.parameters, written to the file postgresql.conf includes.
+                    env(parameters::ENV, parameters::conf(&postgresql_parameters(db))),
                 ])
                 .collect(),
         ),
@@ -354,6 +359,7 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
         }]),
         readiness_probe: Some(ready_probe()),
         liveness_probe: Some(live_probe()),
+        resources: Some(resources::postgres(db)),
         // A failing container's last log lines become its termination message (shown in status).
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         security_context: Some(security::restricted_container()),
@@ -366,20 +372,6 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
             VolumeMount { read_only: Some(true), ..mount("credentials", CREDENTIALS_MOUNT) },
             VolumeMount { read_only: Some(true), ..mount("server-tls", SERVER_TLS_MOUNT) },
         ]),
-        ..Default::default()
-    };
-    let anti_affinity = PodAntiAffinity {
-        preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
-            weight: 100,
-            pod_affinity_term: PodAffinityTerm {
-                topology_key: "kubernetes.io/hostname".into(),
-                label_selector: Some(LabelSelector {
-                    match_labels: Some(names::pod_selector(db)),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        }]),
         ..Default::default()
     };
     let claim = data_claim(db, "data");
@@ -408,31 +400,38 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                     ),
                     ..Default::default()
                 }),
-                spec: Some(PodSpec {
-                    security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
-                    affinity: Some(Affinity { pod_anti_affinity: Some(anti_affinity), ..Default::default() }),
-                    termination_grace_period_seconds: Some(30),
-                    service_account_name: Some(names::instance_access(db)),
-                    automount_service_account_token: Some(false),
-                    init_containers: Some(vec![install_manager]),
-                    containers: vec![container, run_manager],
-                    volumes: Some(vec![
-                        scripts_volume(db),
-                        credentials_volume(db),
-                        server_tls_volume(db),
-                        empty_dir("run"),
-                        empty_dir("tmp"),
-                        empty_dir("instance-manager"),
-                        instance_token_volume(),
-                    ]),
-                    ..Default::default()
-                }),
+                spec: Some(placement::instance(
+                    db,
+                    PodSpec {
+                        security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
+                        termination_grace_period_seconds: Some(30),
+                        service_account_name: Some(names::instance_access(db)),
+                        automount_service_account_token: Some(false),
+                        init_containers: Some(vec![install_manager]),
+                        containers: vec![container, run_manager],
+                        volumes: Some(vec![
+                            scripts_volume(db),
+                            credentials_volume(db),
+                            server_tls_volume(db),
+                            empty_dir("run"),
+                            empty_dir("tmp"),
+                            empty_dir("instance-manager"),
+                            instance_token_volume(),
+                        ]),
+                        ..Default::default()
+                    },
+                )),
             },
             volume_claim_templates: Some(vec![claim]),
             ..Default::default()
         }),
         ..Default::default()
     })
+}
+
+/// `spec.postgresql.parameters`, none when unset.
+fn postgresql_parameters(db: &MyDatabase) -> std::collections::BTreeMap<String, String> {
+    db.spec.postgresql.as_ref().map(|p| p.parameters.clone()).unwrap_or_default()
 }
 
 /// The storage request in an existing StatefulSet's data claim template.

@@ -13,6 +13,9 @@ pub fn validate(spec: &MyDatabaseSpec) -> Result<(), Invalid> {
             message: format!("spec.version {:?}: supported majors are {SUPPORTED_MAJORS:?}", spec.version),
         });
     }
+    if let Some(postgresql) = &spec.postgresql {
+        super::parameters::validate(&postgresql.parameters)?;
+    }
     if let Some(backup) = &spec.backup {
         validate_cron(&backup.schedule).map_err(|problem| Invalid {
             field: "spec.backup.schedule",

@@ -355,6 +355,16 @@ restart_server() {
 
 # Waits for the role the operator chose for this pod (the instance manager
 # writes it from the pod's label), then sets the data up for it.
+# spec.postgresql.parameters (POSTGRESQL_PARAMETERS, checked by the operator) in
+# a file postgresql.conf includes: written at every start, so a clone's or a
+# rewind's copy of the source's never lingers. The command line's -c wins.
+write_parameters() {
+  [[ -f "$PGDATA/postgresql.conf" ]] || return 0
+  printf '%s' "${POSTGRESQL_PARAMETERS:-}" > "$PGDATA/keelson-parameters.conf"
+  grep -qx "include_if_exists = 'keelson-parameters.conf'" "$PGDATA/postgresql.conf" \
+    || printf "\ninclude_if_exists = 'keelson-parameters.conf'\n" >> "$PGDATA/postgresql.conf"
+}
+
 prepare_for_role() {
   local role waited=0
   # The certificate first: every server below (a private one included) starts with TLS.
@@ -456,6 +466,7 @@ start() {
     # Replication connections that went silent (a partition, a powered-off
     # node) are dropped after 5 s: a cut-off primary sees its replicas gone,
     # and fences itself, before the operator takes its lease for expired.
+    write_parameters
     # shellcheck disable=SC2046 # ssl_options is words by design
     "$(bin postgres)" -D "$PGDATA" -p "$PGPORT" -c cluster_name="$POD_NAME" \
       -c wal_sender_timeout=5s -c wal_receiver_timeout=5s $(ssl_options) &
