@@ -9,6 +9,9 @@ CARGO ?= cargo
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo "$$(hack/k8s-binaries.sh)/kubectl")
 KEELSON := target/debug/keelson
 NAMESPACE ?= keelson-system
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+# The operator's image; MyDatabase pods copy the instance manager from the same image.
+IMG ?= keelson:$(VERSION)
 
 .PHONY: help
 help: ## Show the targets
@@ -76,13 +79,29 @@ run: build ## Run the operator in the foreground against the current cluster (Ct
 	$(KEELSON) run --metrics-addr 127.0.0.1:8080 --health-addr 127.0.0.1:8081
 
 .PHONY: deploy
-deploy: ## Deploy CRDs, RBAC and the manager into keelson-system
-	$(KUBECTL) apply --server-side -k config/default
+deploy: build ## Deploy CRDs, RBAC and the manager (image IMG) into keelson-system
+	$(KEELSON) manifests all --image $(IMG) | $(KUBECTL) apply --server-side --force-conflicts -f -
 
 .PHONY: undeploy
-undeploy: ## Remove what deploy created
-	$(KUBECTL) delete --ignore-not-found -k config/default
+undeploy: build ## Remove what deploy created (CRDs last: every WebApp and MyDatabase goes with them)
+	$(KEELSON) manifests all --image $(IMG) | $(KUBECTL) delete --ignore-not-found -f -
+
+.PHONY: build-installer
+build-installer: build ## Write dist/install.yaml: everything deploy applies, with image IMG
+	@mkdir -p dist
+	$(KEELSON) manifests all --image $(IMG) > dist/install.yaml
+	@echo "wrote dist/install.yaml (image $(IMG))"
 
 .PHONY: docker-build
-docker-build: ## Build the manager image (needs a container engine)
-	docker build -t keelson:$$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1) .
+docker-build: ## Build image IMG: with docker if a daemon runs, else offline into the local cluster's nodes
+	@if docker info >/dev/null 2>&1; then \
+	  docker build -t $(IMG) . ; \
+	else \
+	  echo "no docker: building $(IMG) offline from this build's binary into the local cluster's nodes"; \
+	  $(CARGO) build --bin keelson && hack/cluster.sh keelson-image $(KEELSON) $(IMG) ; \
+	fi
+
+.PHONY: docker-push
+docker-push: ## Push image IMG to its registry (needs docker and a reachable registry)
+	@docker info >/dev/null 2>&1 || { echo "docker-push needs a running docker; on this machine images go to the local cluster with make docker-build" >&2; exit 1; }
+	docker push $(IMG)

@@ -16,8 +16,9 @@
 #   hack/cluster.sh stop NAME      stop one component (failure tests)
 #   hack/cluster.sh start NAME     start it again and wait until it is healthy
 #   hack/cluster.sh restart NAME
-#   hack/cluster.sh keelson-image BINARY   the operator's image from BINARY, imported
-#                                  into the nodes (MyDatabase pods' instance manager);
+#   hack/cluster.sh keelson-image BINARY [REF]   the operator's image from BINARY (named
+#                                  REF, default keelson:dev-<hash>), imported into the
+#                                  nodes (the operator, MyDatabase pods' instance manager);
 #                                  prints its reference
 #
 # Node faults (NODE is keelson-node-K or K; each returns once it is in place):
@@ -338,7 +339,7 @@ case "${1:-}" in
   stop) stop_one "${2:?component}" ;;
   start) start_one "${2:?component}" ;;
   restart) stop_one "${2:?component}"; start_one "$2" ;;
-  keelson-image) with_running_cluster; keelson_image "${2:?path of the keelson binary}" ;;
+  keelson-image) with_running_cluster; keelson_image "${2:?path of the keelson binary}" "${3:-}" ;;
   partition | heal | poweroff | poweron | drain | uncordon) "$1" "${2:-}" ;;
-  *) echo "usage: $0 up|down|status|leftovers|stop NAME|start NAME|restart NAME|keelson-image BINARY|partition|heal|poweroff|poweron|drain|uncordon NODE" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|leftovers|stop NAME|start NAME|restart NAME|keelson-image BINARY [REF]|partition|heal|poweroff|poweron|drain|uncordon NODE" >&2; exit 2 ;;
 esac

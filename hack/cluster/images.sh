@@ -40,13 +40,20 @@ healthy_images() {
 # MyDatabase pods copy the instance manager from it (an init container).
 # Without a real node (kwok profile) nothing runs it: only the name is printed.
 keelson_image() {
-  local binary="$1" hash ref work
+  local binary="$1" ref="${2:-}" hash work full marker
   [[ -x "$binary" ]] || die "no executable $binary (cargo build --bin keelson)"
   hash="$(sha256sum "$binary" | cut -c1-12)"
-  ref="keelson:dev-$hash"
+  ref="${ref:-keelson:dev-$hash}"
+  # containerd's full name: docker.io/library/keelson:x, registry.example.com/team/keelson:x.
+  case "${ref%%/*}" in
+    "$ref") full="docker.io/library/$ref" ;;
+    *.* | *:* | localhost) full="$ref" ;;
+    *) full="docker.io/$ref" ;;
+  esac
+  marker="keelson-image-$hash-$(printf '%s' "$full" | sha256sum | cut -c1-8)"
   [[ "$(profile)" == kwok ]] && { echo "$ref"; return; }
   local k missing=()
-  for k in $(node_numbers); do node "$k"; [[ -f "$NODE_DIR/containerd/root/keelson-image-$hash" ]] || missing+=("$k"); done
+  for k in $(node_numbers); do node "$k"; [[ -f "$NODE_DIR/containerd/root/$marker" ]] || missing+=("$k"); done
   if [[ ${#missing[@]} -gt 0 ]]; then
     work="$(mktemp -d)"
     mkdir "$work/rootfs"
@@ -62,11 +69,11 @@ keelson_image() {
     source "$ROOT/hack/images/oci.sh"
     BUILD="$work" oci_archive "$work/rootfs" "$work/keelson.tar" \
       '{"Entrypoint":["/keelson"],"User":"65532","Labels":{"org.opencontainers.image.description":"Keelson, built on this machine"}}' \
-      "docker.io/library/$ref"
+      "$full"
     for k in "${missing[@]}"; do
       node "$k"
       ctr_node images import "$work/keelson.tar" >> "$DIR/images.log" 2>&1 || die "cannot import $ref into $NODE_NAME; see $DIR/images.log"
-      touch "$NODE_DIR/containerd/root/keelson-image-$hash"
+      touch "$NODE_DIR/containerd/root/$marker"
     done
     rm -rf "$work"
   fi

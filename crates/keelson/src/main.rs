@@ -42,6 +42,9 @@ enum Command {
     Manifests {
         #[command(subcommand)]
         what: ManifestKind,
+        /// The operator's image in `all` (the instance manager follows it); `make deploy IMG=…`.
+        #[arg(long, global = true, default_value = manifests::deploy::IMAGE)]
+        image: String,
     },
 }
 
@@ -114,14 +117,14 @@ async fn run() -> ExitCode {
                 }
             }
         }
-        Command::Manifests { what } => {
+        Command::Manifests { what, image } => {
             let rendered = match what {
                 ManifestKind::Crd => manifests::to_yaml_stream(&manifests::crd::all()),
                 ManifestKind::Rbac => manifests::to_yaml_stream(&[manifests::rbac::cluster_role()]).and_then(|role| {
                     let ns = manifests::deploy::NAMESPACE;
                     Ok(role + &manifests::to_yaml_stream(&[manifests::rbac::leader_election_role(ns)])?)
                 }),
-                ManifestKind::All => manifests::install_stream(),
+                ManifestKind::All => manifests::install_stream(&image),
                 ManifestKind::Write { root } => match manifests::files() {
                     Ok(files) => {
                         for (path, content) in files {

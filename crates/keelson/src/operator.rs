@@ -53,9 +53,10 @@ pub struct RunArgs {
     pub log_level: String,
 
     /// The image MyDatabase pods copy the instance manager from (an init
-    /// container): the operator's own image, which holds this binary.
-    #[arg(long, env = "KEELSON_INSTANCE_IMAGE", default_value_t = Settings::default().instance_image)]
-    pub instance_image: String,
+    /// container). Default: the operator's own image, which holds this
+    /// binary (read from its pod in a cluster), else `keelson:<version>`.
+    #[arg(long, env = "KEELSON_INSTANCE_IMAGE")]
+    pub instance_image: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy)]
@@ -109,6 +110,31 @@ pub(crate) async fn termination_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// The instance manager's image: the one set, else this pod's own (the same
+/// binary, whatever `make deploy IMG=…`, Helm or kustomize made it), else the default.
+async fn instance_image(client: &kube::Client, set: Option<String>) -> String {
+    if let Some(image) = set {
+        return image;
+    }
+    let fallback = Settings::default().instance_image;
+    let (Ok(pod), Ok(namespace)) = (std::env::var("POD_NAME"), std::env::var("POD_NAMESPACE")) else {
+        return fallback;
+    };
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client.clone(), &namespace);
+    // A list by name: the ClusterRole grants list and watch on pods, not get.
+    let by_name = kube::api::ListParams::default().fields(&format!("metadata.name={pod}"));
+    let own = match pods.list(&by_name).await {
+        Ok(list) => list.items.into_iter().next().and_then(|p| p.spec).and_then(|spec| {
+            spec.containers.into_iter().find(|c| c.name == crate::manifests::deploy::MANAGER_CONTAINER)?.image
+        }),
+        Err(error) => {
+            tracing::warn!(%error, namespace, pod, "cannot read this pod's image; set --instance-image");
+            None
+        }
+    };
+    own.unwrap_or(fallback)
 }
 
 /// Every controller the operator runs; RBAC is generated from the same table.
@@ -212,7 +238,9 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let webapps = crate::runtime::scoped_api::<crate::api::WebApp>(&client, args.namespace.as_deref());
     let streaming_lists = crate::runtime::cache::streaming_lists_supported(&webapps).await;
     tracing::info!(streaming_lists, "initial lists: streamed if the API server supports it");
-    let settings = Settings { instance_image: args.instance_image.clone(), streaming_lists };
+    let instance_image = instance_image(&client, args.instance_image.clone()).await;
+    tracing::info!(%instance_image, "MyDatabase pods copy the instance manager from this image");
+    let settings = Settings { instance_image, streaming_lists };
     let ctx = Context::new(client, metrics.clone(), settings);
     run_controllers(ctx, args.namespace.clone(), args.concurrency, readiness, shutdown_rx).await;
     metrics.leader.set(0);

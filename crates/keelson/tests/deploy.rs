@@ -28,7 +28,7 @@ async fn manager_runs_in_a_restricted_namespace() -> anyhow::Result<()> {
     let mut sa = deploy::service_account();
     sa.metadata.namespace = Some(ns.name.clone());
     ns.api::<ServiceAccount>().create(&PostParams::default(), &sa).await?;
-    let mut manager = deploy::manager_deployment();
+    let mut manager = deploy::manager_deployment(deploy::IMAGE);
     manager.metadata.namespace = Some(ns.name.clone());
     let name = manager.metadata.name.clone().unwrap_or_default();
     ns.api::<Deployment>().create(&PostParams::default(), &manager).await?;

@@ -17,8 +17,8 @@ fn committed_manifests_are_current() {
     assert!(stale.is_empty(), "generated manifests are stale; run `make manifests`:\n{}", stale.join("\n"));
 }
 
-/// `helm template` of charts/keelson with `extra` values, as JSON objects; None without helm.
-fn helm_template(extra: &[&str]) -> Option<Vec<serde_json::Value>> {
+/// `helm template` of charts/keelson with `extra` values; None without helm.
+fn helm_run(extra: &[&str]) -> Option<std::process::Output> {
     let helm = match std::env::var("HELM") {
         Ok(helm) => helm,
         Err(_) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("HELM is not set (make test sets it)"),
@@ -34,6 +34,12 @@ fn helm_template(extra: &[&str]) -> Option<Vec<serde_json::Value>> {
         .current_dir(&root)
         .output()
         .expect("run helm");
+    Some(output)
+}
+
+/// The same, rendered, as JSON objects.
+fn helm_template(extra: &[&str]) -> Option<Vec<serde_json::Value>> {
+    let output = helm_run(extra)?;
     assert!(output.status.success(), "helm template failed: {}", String::from_utf8_lossy(&output.stderr));
     let text = String::from_utf8(output.stdout).expect("utf8");
     let mut rendered = Vec::new();
@@ -77,4 +83,55 @@ fn helm_chart_in_namespaced_mode_binds_the_watched_namespace_only() {
     let manager = rendered.iter().find(|r| r["kind"] == "Deployment").expect("the manager");
     let args = manager["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     assert!(args.contains("--namespace=team-a"), "{args}");
+}
+
+/// One image setting reaches the manager; the instance manager follows it unless
+/// `instanceImage` says otherwise; pull secrets, placement and labels reach their objects;
+/// values the schema refuses are refused by name.
+#[test]
+fn helm_chart_values_reach_the_manager_and_are_checked() {
+    let Some(rendered) = helm_template(&[
+        "--set",
+        "image.repository=registry.example.com/keelson",
+        "--set",
+        "image.tag=1.2.3",
+        "--set",
+        "imagePullSecrets[0].name=registry",
+        "--set",
+        "nodeSelector.pool=system",
+        "--set",
+        "podAnnotations.team=platform",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.serviceMonitor.labels.release=prometheus",
+    ]) else {
+        return;
+    };
+    let manager = rendered.iter().find(|r| r["kind"] == "Deployment").expect("the manager");
+    let pod = &manager["spec"]["template"];
+    assert_eq!(pod["spec"]["containers"][0]["image"], "registry.example.com/keelson:1.2.3");
+    assert_eq!(pod["spec"]["imagePullSecrets"][0]["name"], "registry");
+    assert_eq!(pod["spec"]["nodeSelector"]["pool"], "system");
+    assert_eq!(pod["metadata"]["annotations"]["team"], "platform");
+    let env = pod["spec"]["containers"][0]["env"].to_string();
+    assert!(!env.contains("KEELSON_INSTANCE_IMAGE"), "the instance manager follows the manager's image: {env}");
+    let monitor = rendered.iter().find(|r| r["kind"] == "ServiceMonitor").expect("a ServiceMonitor");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+
+    let Some(pinned) = helm_template(&["--set", "instanceImage=registry.example.com/keelson:1.2.2"]) else { return };
+    let manager = pinned.iter().find(|r| r["kind"] == "Deployment").expect("the manager");
+    let env = manager["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
+    assert!(env.contains("KEELSON_INSTANCE_IMAGE") && env.contains("keelson:1.2.2"), "{env}");
+}
+
+#[test]
+fn helm_chart_refuses_values_outside_its_schema() {
+    let Some(output) = helm_run(&["--set", "logFormat=xml"]) else { return };
+    assert!(!output.status.success(), "an unknown logFormat was rendered");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("logFormat"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

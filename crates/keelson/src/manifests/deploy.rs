@@ -21,7 +21,10 @@ pub const NAMESPACE: &str = "keelson-system";
 pub const SERVICE_ACCOUNT: &str = "keelson-controller-manager";
 /// distroless's `nonroot` user.
 const MANAGER_UID: i64 = 65532;
+/// The image `config/` and the chart name by default (`make deploy IMG=…` sets another).
 pub const IMAGE: &str = concat!("keelson:", env!("CARGO_PKG_VERSION"));
+/// The manager's container: the operator reads its own image from it (see `operator::instance_image`).
+pub const MANAGER_CONTAINER: &str = "manager";
 
 fn labels() -> BTreeMap<String, String> {
     [("app.kubernetes.io/name", "keelson"), ("app.kubernetes.io/component", "manager")]
@@ -109,13 +112,14 @@ fn probe(path: &str, initial_delay: i32) -> Probe {
     }
 }
 
-/// The manager Deployment: non-root, read-only root filesystem, no privilege
-/// escalation, all capabilities dropped, RuntimeDefault seccomp.
-pub fn manager_deployment() -> Deployment {
+/// The manager Deployment running `image`: non-root, read-only root filesystem,
+/// no privilege escalation, all capabilities dropped, RuntimeDefault seccomp.
+/// MyDatabase pods copy the instance manager from the same image.
+pub fn manager_deployment(image: &str) -> Deployment {
     let quantity = |q: &str| Quantity(q.into());
     let container = Container {
-        name: "manager".into(),
-        image: Some(IMAGE.into()),
+        name: MANAGER_CONTAINER.into(),
+        image: Some(image.into()),
         args: Some(vec!["run".into(), "--leader-elect".into(), "--log-format=json".into()]),
         env: Some(vec![
             meta::field_env("POD_NAME", "metadata.name"),

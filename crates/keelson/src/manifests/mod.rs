@@ -47,6 +47,11 @@ fn kustomization(resources: &[&str], namespace: Option<&str>) -> String {
 
 /// Every generated file under `config/`, as (path relative to the repository root, content).
 pub fn files() -> Result<Vec<(String, String)>> {
+    files_running(deploy::IMAGE)
+}
+
+/// The same, with the manager (and so the instance manager) running `image`.
+fn files_running(image: &str) -> Result<Vec<(String, String)>> {
     let mut files = Vec::new();
     let mut crd_files = Vec::new();
     for crd in crd::all() {
@@ -74,7 +79,10 @@ pub fn files() -> Result<Vec<(String, String)>> {
     files.push(("config/rbac/kustomization.yaml".into(), kustomization(&names, None)));
 
     files.push(("config/manager/namespace.yaml".into(), format!("{HEADER}{}", to_yaml(&deploy::namespace())?)));
-    files.push(("config/manager/manager.yaml".into(), format!("{HEADER}{}", to_yaml(&deploy::manager_deployment())?)));
+    files.push((
+        "config/manager/manager.yaml".into(),
+        format!("{HEADER}{}", to_yaml(&deploy::manager_deployment(image))?),
+    ));
     files.push((
         "config/manager/metrics_service.yaml".into(),
         format!("{HEADER}{}", to_yaml(&deploy::metrics_service())?),
@@ -115,8 +123,8 @@ pub fn files() -> Result<Vec<(String, String)>> {
 /// (everything `make deploy` applies but the namespace and the CRDs).
 /// Everything `make deploy` applies, once each: the `config/` files (the
 /// chart's copies of the CRDs and RBAC are for Helm), without kustomizations.
-pub fn install_stream() -> Result<String> {
-    Ok(files()?
+pub fn install_stream(image: &str) -> Result<String> {
+    Ok(files_running(image)?
         .into_iter()
         .filter(|(path, _)| path.starts_with("config/") && !path.ends_with("kustomization.yaml"))
         .map(|(_, text)| text)
@@ -134,7 +142,7 @@ pub fn chart_objects() -> Result<Vec<serde_json::Value>> {
         to_value(serde_json::to_value(deploy::node_reader_binding()))?,
         to_value(serde_json::to_value(rbac::leader_election_role(deploy::NAMESPACE)))?,
         to_value(serde_json::to_value(deploy::leader_election_role_binding()))?,
-        to_value(serde_json::to_value(deploy::manager_deployment()))?,
+        to_value(serde_json::to_value(deploy::manager_deployment(deploy::IMAGE)))?,
         to_value(serde_json::to_value(deploy::metrics_service()))?,
         to_value(serde_json::to_value(admission::instance_policy()))?,
         to_value(serde_json::to_value(admission::instance_policy_binding()))?,
@@ -148,7 +156,7 @@ mod tests {
 
     #[test]
     fn the_install_stream_holds_each_object_once() {
-        let stream = install_stream().expect("renders");
+        let stream = install_stream("registry.example.com/keelson:1.2.3").expect("renders");
         let mut seen = std::collections::BTreeSet::new();
         for document in serde_yaml::Deserializer::from_str(&stream) {
             let object = serde_json::Value::deserialize(document).expect("yaml");
@@ -160,5 +168,7 @@ mod tests {
         }
         assert!(seen.iter().any(|k| k.contains("CustomResourceDefinition")), "{seen:?}");
         assert!(seen.iter().any(|k| k.contains("Deployment")), "{seen:?}");
+        assert!(stream.contains("image: registry.example.com/keelson:1.2.3"), "the image setting is not used");
+        assert!(!stream.contains(&format!("image: {}", deploy::IMAGE)), "the default image is left somewhere");
     }
 }

@@ -346,9 +346,14 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                     env("KEELSON_BIN", format!("{MANAGER_DIR}/keelson")),
                     // The operator's orders (role, synchronous standbys), from the instance manager.
                     env("ORDERS_DIR", MANAGER_DIR),
-                    // spec.postgresql.parameters, written to the file postgresql.conf includes.
-                    env(parameters::ENV, parameters::conf(&postgresql_parameters(db))),
                 ])
+                // spec.postgresql.parameters, written to the file postgresql.conf includes
+                // (none set: no variable, and the template of a database without any stays as it was).
+                .chain(
+                    Some(parameters::conf(&postgresql_parameters(db)))
+                        .filter(|c| !c.is_empty())
+                        .map(|conf| env(parameters::ENV, conf)),
+                )
                 .collect(),
         ),
         ports: Some(vec![ContainerPort {
@@ -510,6 +515,26 @@ mod tests {
         assert!(env.iter().any(|e| e.name == "CREDENTIALS_DIR"));
         let primary = env.iter().find(|e| e.name == "PRIMARY_HOST").and_then(|e| e.value.clone());
         assert_eq!(primary.as_deref(), Some("production-db-rw"), "the primary is whichever pod -rw selects");
+    }
+
+    #[test]
+    fn knobs_reach_the_template_and_their_absence_leaves_it_as_it_was() {
+        let env_of = |db: &MyDatabase| {
+            let sts = build(db, &Settings::default()).expect("builds");
+            let pod = sts.spec.and_then(|s| s.template.spec).expect("pod");
+            pod.containers[0].env.clone().unwrap_or_default()
+        };
+        assert!(!env_of(&sample()).iter().any(|e| e.name == parameters::ENV), "no parameters, no variable");
+        let mut db = sample();
+        db.spec.postgresql = Some(crate::api::mydatabase::PostgresqlSpec {
+            parameters: [("work_mem".to_string(), "16MB".to_string())].into(),
+        });
+        db.spec.storage_class_name = Some("fast".into());
+        let conf = env_of(&db).into_iter().find(|e| e.name == parameters::ENV).and_then(|e| e.value);
+        assert_eq!(conf.as_deref(), Some("work_mem = '16MB'\n"));
+        let sts = build(&db, &Settings::default()).expect("builds");
+        let claim = sts.spec.and_then(|s| s.volume_claim_templates).unwrap_or_default();
+        assert_eq!(claim[0].spec.as_ref().and_then(|s| s.storage_class_name.as_deref()), Some("fast"));
     }
 
     #[test]

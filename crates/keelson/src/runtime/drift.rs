@@ -65,7 +65,8 @@ fn walk(desired: &Value, actual: &Value, path: String, out: &mut Vec<FieldDrift>
                 let child_path = join(&path, key);
                 match have.get(key) {
                     Some(have_value) => walk(want_value, have_value, child_path, out),
-                    None if want_value.is_null() => {}
+                    // The API server omits empty values: wanting one is having it.
+                    None if omitted_when_empty(want_value) => {}
                     None => out.push(FieldDrift { path: child_path, desired: want_value.clone(), actual: Value::Null }),
                 }
             }
@@ -73,6 +74,16 @@ fn walk(desired: &Value, actual: &Value, path: String, out: &mut Vec<FieldDrift>
         (Value::Array(want), Value::Array(have)) => walk_list(want, have, &path, out),
         (want, have) if want == have || numbers_equal(want, have) || quantities_equal(want, have) => {}
         (want, have) => out.push(FieldDrift { path, desired: want.clone(), actual: have.clone() }),
+    }
+}
+
+fn omitted_when_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::String(text) => text.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        Value::Object(fields) => fields.is_empty(),
+        _ => false,
     }
 }
 
@@ -245,6 +256,18 @@ mod tests {
         let actual = json!({"metadata": {}, "ports": [{"port": 8080}]});
         let paths: Vec<_> = diff(&desired, &actual).into_iter().map(|d| d.path).collect();
         assert_eq!(paths, vec!["metadata.labels", "ports[80]"]);
+    }
+
+    #[test]
+    fn empty_values_the_api_server_omits_are_not_drift() {
+        // An env var `value: ""` comes back without `value`: a write would change nothing, forever.
+        let desired = json!({"env": [{"name": "EMPTY", "value": ""}], "labels": {}, "args": []});
+        assert!(diff(&desired, &json!({"env": [{"name": "EMPTY"}]})).is_empty());
+        assert_eq!(
+            diff(&json!({"env": [{"name": "SET", "value": ""}]}), &json!({"env": [{"name": "SET", "value": "x"}]}))
+                .len(),
+            1
+        );
     }
 
     #[test]
