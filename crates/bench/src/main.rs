@@ -94,7 +94,13 @@ const DRIFT_QUIET: Duration = Duration::from_millis(500);
 fn webapp(i: usize) -> WebApp {
     WebApp::new(
         &format!("app-{i:04}"),
-        WebAppSpec { replicas: 1, image: "nginx:1.25-alpine".into(), port: 80, service_type: ServiceType::NodePort },
+        WebAppSpec {
+            replicas: 1,
+            image: "nginx:1.25-alpine".into(),
+            port: 80,
+            service_type: ServiceType::NodePort,
+            ..Default::default()
+        },
     )
 }
 

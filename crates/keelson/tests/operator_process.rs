@@ -20,7 +20,13 @@ const BINARY: &str = env!("CARGO_BIN_EXE_keelson");
 fn app(name: &str) -> WebApp {
     WebApp::new(
         name,
-        WebAppSpec { replicas: 2, image: "nginx:1.25-alpine".into(), port: 80, service_type: ServiceType::NodePort },
+        WebAppSpec {
+            replicas: 2,
+            image: "nginx:1.25-alpine".into(),
+            port: 80,
+            service_type: ServiceType::NodePort,
+            ..Default::default()
+        },
     )
 }
 

@@ -20,7 +20,13 @@ async fn tutorial_webapp_serves_from_real_pods_and_scaling_drift_is_taken_back()
     let _operator = TestOperator::start(&cluster, &ns).await?;
     let app = WebApp::new(
         "sandy-app",
-        WebAppSpec { replicas: 3, image: "nginx:1.25-alpine".into(), port: 80, service_type: ServiceType::NodePort },
+        WebAppSpec {
+            replicas: 3,
+            image: "nginx:1.25-alpine".into(),
+            port: 80,
+            service_type: ServiceType::NodePort,
+            ..Default::default()
+        },
     );
     let apps = ns.api::<WebApp>();
     apps.create(&PostParams::default(), &app).await?;

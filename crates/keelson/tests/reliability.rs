@@ -46,7 +46,13 @@ async fn drift_and_new_objects_are_handled_right_after_an_api_server_restart() -
     .await?;
     let app = WebApp::new(
         "survivor",
-        WebAppSpec { replicas: 2, image: "nginx:1.25-alpine".into(), port: 80, service_type: ServiceType::NodePort },
+        WebAppSpec {
+            replicas: 2,
+            image: "nginx:1.25-alpine".into(),
+            port: 80,
+            service_type: ServiceType::NodePort,
+            ..Default::default()
+        },
     );
     ns.api::<WebApp>().create(&PostParams::default(), &app).await?;
     wait_for(&ns.api::<WebApp>(), "survivor", "Running", DEFAULT_TIMEOUT, |a| {

@@ -14,7 +14,13 @@ use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubec
 fn tutorial_app(replicas: i32) -> WebApp {
     WebApp::new(
         "sandy-app",
-        WebAppSpec { replicas, image: "nginx:1.25-alpine".into(), port: 80, service_type: ServiceType::NodePort },
+        WebAppSpec {
+            replicas,
+            image: "nginx:1.25-alpine".into(),
+            port: 80,
+            service_type: ServiceType::NodePort,
+            ..Default::default()
+        },
     )
 }
 
@@ -135,6 +141,45 @@ async fn swapped_image_is_reverted() -> anyhow::Result<()> {
     })
     .await?;
     wait_for_event(&ns, "DriftCorrected", "evil:latest").await?;
+    Ok(())
+}
+
+/// env, resources and probes reach the container; an outsider's `kubectl set env` is taken back.
+#[tokio::test]
+async fn env_resources_and_probes_reach_the_pods_and_set_env_is_taken_back() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::namespace(&cluster, "webapp-env").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let apps = ns.api::<WebApp>();
+    let app = json!({"apiVersion": "apps.keelson.dev/v1", "kind": "WebApp", "metadata": {"name": "sandy-app"},
+        "spec": {"replicas": 1, "image": "nginx:1.25-alpine",
+            "env": [{"name": "MODE", "value": "production"}],
+            "envFrom": [{"configMapRef": {"name": "settings", "optional": true}}],
+            "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
+            "readinessProbe": {"httpGet": {"path": "/", "port": 80}, "periodSeconds": 2},
+            "livenessProbe": {"tcpSocket": {"port": 80}}}});
+    apps.create(&PostParams::default(), &serde_json::from_value(app)?).await?;
+    wait_for(&apps, "sandy-app", "Running 1/1", DEFAULT_TIMEOUT, is_running_with(1)).await?;
+    let container = |d: &Deployment| d.spec.as_ref()?.template.spec.as_ref()?.containers.first().cloned();
+    let deployment = ns.api::<Deployment>().get("sandy-app").await?;
+    let webapp = container(&deployment).expect("a container");
+    let env = serde_json::to_value(&webapp.env)?;
+    assert_eq!(env, json!([{"name": "MODE", "value": "production"}]));
+    assert_eq!(serde_json::to_value(&webapp.env_from)?[0]["configMapRef"]["name"], "settings");
+    let resources = serde_json::to_value(&webapp.resources)?;
+    assert_eq!(
+        (resources["requests"]["cpu"].as_str(), resources["limits"]["memory"].as_str()),
+        (Some("50m"), Some("64Mi"))
+    );
+    assert!(webapp.readiness_probe.is_some() && webapp.liveness_probe.is_some());
+
+    kubectl(&["-n", &ns.name, "set", "env", "deployment/sandy-app", "MODE=debug"])?;
+    wait_for(&ns.api::<Deployment>(), "sandy-app", "MODE back at production", DEFAULT_TIMEOUT, |d| {
+        let env = container(d).and_then(|c| c.env).unwrap_or_default();
+        env.iter().any(|e| e.name == "MODE" && e.value.as_deref() == Some("production"))
+    })
+    .await?;
+    wait_for_event(&ns, "DriftCorrected", "debug").await?;
     Ok(())
 }
 

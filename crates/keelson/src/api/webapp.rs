@@ -1,5 +1,6 @@
 //! `WebApp` (`apps.keelson.dev/v1`): a stateless image served by a Deployment and a Service.
 
+use k8s_openapi::api::core::v1::{EnvFromSource, EnvVar, Probe, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -7,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::reference;
 
 /// Desired state of a WebApp: how many copies of which image, and how it is exposed.
-#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "apps.keelson.dev",
     version = "v1",
@@ -47,6 +48,29 @@ pub struct WebAppSpec {
     /// How the Service is exposed: ClusterIP, NodePort (the default) or LoadBalancer.
     #[serde(default)]
     pub service_type: ServiceType,
+
+    /// Environment variables of the container (as in a pod).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    pub env: Vec<EnvVar>,
+
+    /// Whole ConfigMaps or Secrets as environment variables (as in a pod).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub env_from: Vec<EnvFromSource>,
+
+    /// Compute resources of the container (as in a pod); none by default. An HPA on CPU
+    /// needs a CPU request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// When a pod receives traffic (as in a pod); none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_probe: Option<Probe>,
+
+    /// When a pod is restarted (as in a pod); none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_probe: Option<Probe>,
 }
 
 /// The kind of Service in front of the pods.

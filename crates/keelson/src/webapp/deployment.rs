@@ -51,6 +51,11 @@ pub fn build(app: &WebApp) -> Result<Deployment> {
                             protocol: Some("TCP".into()),
                             ..Default::default()
                         }]),
+                        env: (!app.spec.env.is_empty()).then(|| app.spec.env.clone()),
+                        env_from: (!app.spec.env_from.is_empty()).then(|| app.spec.env_from.clone()),
+                        resources: app.spec.resources.clone(),
+                        readiness_probe: app.spec.readiness_probe.clone(),
+                        liveness_probe: app.spec.liveness_probe.clone(),
                         ..Default::default()
                     }],
                     ..Default::default()
@@ -84,6 +89,32 @@ mod tests {
         assert_eq!(container.name, "webapp");
         assert_eq!(container.image.as_deref(), Some("nginx:1.25-alpine"));
         assert_eq!(container.ports.as_ref().expect("ports")[0].container_port, 80);
+    }
+
+    #[test]
+    fn env_resources_and_probes_reach_the_container_and_their_absence_adds_nothing() {
+        use k8s_openapi::api::core::v1::{EnvVar, HTTPGetAction, Probe, ResourceRequirements};
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        let plain = build(&sample()).expect("builds").spec.and_then(|s| s.template.spec).expect("pod");
+        let container = &plain.containers[0];
+        assert!(container.env.is_none() && container.resources.is_none() && container.readiness_probe.is_none());
+
+        let mut app = sample();
+        app.spec.env = vec![EnvVar { name: "MODE".into(), value: Some("production".into()), ..Default::default() }];
+        app.spec.resources = Some(ResourceRequirements {
+            requests: Some([("cpu".to_string(), Quantity("100m".into()))].into()),
+            ..Default::default()
+        });
+        app.spec.readiness_probe = Some(Probe {
+            http_get: Some(HTTPGetAction { path: Some("/".into()), port: IntOrString::Int(80), ..Default::default() }),
+            ..Default::default()
+        });
+        let pod = build(&app).expect("builds").spec.and_then(|s| s.template.spec).expect("pod");
+        let container = &pod.containers[0];
+        assert_eq!(container.env, Some(app.spec.env.clone()));
+        assert_eq!(container.resources, app.spec.resources);
+        assert_eq!(container.readiness_probe, app.spec.readiness_probe);
     }
 
     #[test]

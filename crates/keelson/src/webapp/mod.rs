@@ -75,6 +75,7 @@ pub(crate) mod tests {
                 image: "nginx:1.25-alpine".into(),
                 port: 80,
                 service_type: ServiceType::NodePort,
+                ..Default::default()
             },
         );
         app.metadata = ObjectMeta {
