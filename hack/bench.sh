@@ -21,7 +21,7 @@ if [[ "$mode" == ha ]]; then
     hack/cluster.sh down
   fi
   # A demo operator watching every namespace would race the test's own.
-  [[ -f target/dev-cluster/keelson.pid ]] && hack/demo.sh stop-operator
+  if hack/cluster.sh status >/dev/null 2>&1; then hack/demo.sh stop-operator; fi
   if ! hack/cluster.sh status >/dev/null 2>&1; then
     trap '[[ $started -eq 1 ]] && hack/cluster.sh down' EXIT
     started=1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: the tutorial's walk-through on the local cluster.
 #   hack/demo.sh                 run it (leaves the cluster and operator up)
-#   hack/demo.sh stop-operator   stop the background operator (by pid)
+#   hack/demo.sh stop-operator   stop the demo operator (scale the in-cluster one to 0)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -9,13 +9,26 @@ DIR="${KEELSON_CLUSTER_DIR:-$ROOT/target/dev-cluster}"
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 run() { printf '$ %s\n' "$*" >&2; "$@"; }
 
+# The operator as `make deploy` runs it: a pod of the Deployment keelson-controller-manager.
+OPERATOR=(-n keelson-system deployment/keelson-controller-manager)
+operator_log() { kubectl logs "${OPERATOR[@]}" --tail=-1 2>/dev/null; }
+
+# Stops a demo operator: the in-cluster one (scaled to 0, so the tests' own operators have
+# the cluster to themselves), and a background process of an older demo.
 stop_operator() {
+  if [[ -f "$DIR/env" ]]; then
+    # shellcheck disable=SC1091
+    source "$DIR/env"
+    if kubectl get "${OPERATOR[@]}" >/dev/null 2>&1; then
+      kubectl scale "${OPERATOR[@]}" --replicas=0 >/dev/null
+      kubectl -n keelson-system wait --for=delete pod -l app.kubernetes.io/name=keelson --timeout=60s >/dev/null 2>&1 || true
+    fi
+  fi
   if [[ -f "$DIR/keelson.pid" ]]; then
     local pid; pid="$(cat "$DIR/keelson.pid")"
     if kill -0 "$pid" 2>/dev/null; then
       kill -TERM "$pid"
       for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      # Its ports must be free for the next one.
       if kill -0 "$pid" 2>/dev/null; then echo "operator $pid did not stop in 30 s; killing it" >&2; kill -KILL "$pid"; fi
     fi
     rm -f "$DIR/keelson.pid"
@@ -34,20 +47,17 @@ source "$DIR/ports"
 say "Building keelson"
 cargo build --quiet --bin keelson
 
-say "make install: the CRDs, generated from the Rust types"
-run target/debug/keelson manifests crd | kubectl apply --server-side -f -
-
-say "make run: the operator, in the background (log: $DIR/keelson.log)"
+say "make docker-build + make deploy IMG=...: the operator as a pod on a real node"
 stop_operator
-# MyDatabase pods copy their instance manager from the operator's image: this
-# binary, imported into the node as keelson:dev-<hash>.
-instance_image="$(hack/cluster.sh keelson-image target/debug/keelson)"
-setsid target/debug/keelson run --metrics-addr "127.0.0.1:$KEELSON_METRICS_PORT" \
-  --health-addr "127.0.0.1:$KEELSON_HEALTH_PORT" --instance-image "$instance_image" \
-  > "$DIR/keelson.log" 2>&1 < /dev/null &
-echo $! > "$DIR/keelson.pid"
-until curl -sf "http://127.0.0.1:$KEELSON_HEALTH_PORT/readyz" >/dev/null; do sleep 0.2; done
-echo "operator ready: metrics on http://127.0.0.1:$KEELSON_METRICS_PORT/metrics"
+# No docker here: the image is built offline from this binary and loaded into the nodes.
+# MyDatabase pods copy their instance manager from the same image.
+img="keelson:demo-$(sha256sum target/debug/keelson | cut -c1-12)"
+run hack/cluster.sh keelson-image target/debug/keelson "$img"
+printf '$ %s\n' "target/debug/keelson manifests all --image $img | kubectl apply --server-side --force-conflicts -f -" >&2
+target/debug/keelson manifests all --image "$img" | kubectl apply --server-side --force-conflicts -f - >/dev/null
+kubectl scale "${OPERATOR[@]}" --replicas=1 >/dev/null
+run kubectl rollout status "${OPERATOR[@]}" --timeout=180s
+run kubectl -n keelson-system get pods -o wide
 
 say "kubectl apply -f config/samples/webapp.yaml (the tutorial's sandy-app)"
 kubectl delete webapp sandy-app --ignore-not-found --wait >/dev/null
@@ -69,9 +79,9 @@ kubectl get webapp sandy-app --watch -o custom-columns=PHASE:.status.phase,REPLI
 watch_pid=$!
 sleep 1
 run kubectl scale deployment sandy-app --replicas=10
-until grep -q "Drift detected! Updating Deployment" "$DIR/keelson.log"; do sleep 0.1; done
-say "Operator log"
-grep "Drift detected! Updating Deployment" "$DIR/keelson.log" | tail -1
+until operator_log | grep -q "Drift detected! Updating Deployment"; do sleep 0.2; done
+say "Operator log (kubectl -n keelson-system logs deployment/keelson-controller-manager)"
+operator_log | grep "Drift detected! Updating Deployment" | tail -1
 # Settled: Running with 3 pods and no extra pod left, twice in a row.
 settled() {
   [[ "$(kubectl get webapp sandy-app -o jsonpath='{.status.phase}/{.status.replicas}')" == "Running/3" ]] &&
@@ -175,6 +185,6 @@ fi
 say "Done. The cluster and the operator are still running:"
 cat <<EOF2
   source $DIR/env                 # kubectl for this cluster
-  tail -f $DIR/keelson.log        # the operator's log
-  make cluster-down               # stop the operator and the cluster
+  kubectl -n keelson-system logs -f deployment/keelson-controller-manager   # the operator's log
+  make cluster-down               # stop the cluster, and the operator with it
 EOF2

@@ -32,10 +32,8 @@ fi
 if hack/cluster.sh status >/dev/null 2>&1; then
   log "reusing the running dev cluster"
   # A demo operator watching every namespace would race the tests' own operators.
-  if [[ -f target/dev-cluster/keelson.pid ]]; then
-    log "stopping the demo operator (pid $(cat target/dev-cluster/keelson.pid)); make demo starts it again"
-    hack/demo.sh stop-operator
-  fi
+  log "stopping a demo operator if one runs (make demo starts it again)"
+  hack/demo.sh stop-operator
 else
   # Set first: a start that fails halfway is stopped as well.
   started_cluster=1

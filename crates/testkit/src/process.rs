@@ -1,6 +1,7 @@
 //! Running the real `keelson` binary as a separate process, as a user (or a
 //! pod) would: its own kubeconfig, its loopback ports, its log file.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -58,7 +59,17 @@ impl OperatorProcess {
         let health_port = free_port()?;
         let log = log_dir.join(format!("{identity}.log"));
         let file = std::fs::File::create(&log)?;
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        // The operator dies with this test process, also when it is killed (no Drop runs then):
+        // a stray one would go on loading the API server for every later test.
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            });
+        }
+        let child = command
             .arg("run")
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
             .args(["--health-addr", &format!("127.0.0.1:{health_port}")])

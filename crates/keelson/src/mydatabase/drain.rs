@@ -14,7 +14,7 @@ use std::sync::{Arc, RwLock};
 use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::{failover, names};
@@ -72,7 +72,10 @@ pub fn watch(api: Api<Node>, health: WatchHealth) -> (Cordoned, impl Stream<Item
     let set = cordoned.clone();
     let config = watcher::Config::default().fields("spec.unschedulable=true");
     let mut relisting = None;
+    // Backed off like every other watch: without it a failing watch (a right revoked, an
+    // API server restarting) is retried at once, thousands of times a minute.
     let stream = watcher(api, config)
+        .backoff(crate::runtime::cache::retry_backoff())
         .inspect(move |event| match event {
             Ok(_) => health.working(),
             Err(error) => health.failed(error),

@@ -84,7 +84,7 @@ pub const RETRY_MAX_DELAY: Duration = Duration::from_secs(2);
 /// ever; forgotten after a minute of health. kube's default grows to 30 s, which
 /// left the operator blind for up to a minute after an API-server restart; a
 /// watch retry is one cheap request, so a short cap costs the API server little.
-fn retry_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
+pub(crate) fn retry_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
     let exponential = backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(200))
         .with_max_delay(RETRY_MAX_DELAY)
