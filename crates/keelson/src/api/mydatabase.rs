@@ -125,8 +125,9 @@ pub struct MyDatabaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
 
-    /// Compute resources of PostgreSQL's container. Default: requests of
-    /// `cpu: 100m` and `memory: 256Mi`, no limits (Burstable). Limits for
+    /// Compute resources of PostgreSQL's container. Default: a request of
+    /// `memory: 256Mi`, no limits (Burstable; set a CPU request for
+    /// production). Limits for
     /// cpu and memory equal to the requests (or limits alone) make the pods
     /// Guaranteed: Keelson then gives its instance manager equal requests and
     /// limits too. Changing them rolls the instances (replicas first, then a

@@ -54,8 +54,10 @@ const LOOK_TIMEOUT: Duration = Duration::from_secs(2);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// A server that answered before and has not for this long, and does not
 /// respond to a connection attempt either, is reported unresponsive (a hung
-/// primary is failed over on it).
-const UNRESPONSIVE_AFTER: Duration = Duration::from_secs(3);
+/// primary is failed over on it). With 3 s, a just-promoted primary on a loaded
+/// node (its checkpoint's I/O, 20 servers starting beside it) was fenced seconds
+/// after its promotion, and the failover that followed cascaded.
+const UNRESPONSIVE_AFTER: Duration = Duration::from_secs(6);
 /// ... and one that still responds to a connection attempt but gives no
 /// answer (busy: a checkpoint's I/O on a loaded node; or a stalled disk),
 /// after this long. Under CI load, 3 s without an answer fenced healthy

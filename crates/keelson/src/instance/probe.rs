@@ -101,7 +101,8 @@ impl Server {
     /// The server answers a connection attempt (accepting, or starting or
     /// stopping), within `timeout`; a hung postmaster never does.
     async fn responds(&self, timeout: Duration) -> bool {
-        let seconds = timeout.as_secs().max(1).to_string();
+        // Whole seconds, rounded up: 1.5 s must not become a 1 s chance to answer.
+        let seconds = timeout.as_millis().div_ceil(1000).max(1).to_string();
         let mut command = Command::new(self.tool("pg_isready"));
         command.args(["-q", "-h", &self.socket_dir, "-p", &self.port.to_string(), "-t", &seconds]).kill_on_drop(true);
         let status = tokio::time::timeout(timeout, command.status()).await;

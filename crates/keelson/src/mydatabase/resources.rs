@@ -8,7 +8,6 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use crate::api::MyDatabase;
 use crate::runtime::{Invalid, drift};
 
-const DEFAULT_CPU: &str = "100m";
 const DEFAULT_MEMORY: &str = "256Mi";
 /// The instance manager's share. Its CPU limit (Guaranteed pods only) is
 /// generous: a throttled manager answers late, and late looks fence primaries.
@@ -20,10 +19,12 @@ fn quantities(pairs: &[(&str, &str)]) -> Option<std::collections::BTreeMap<Strin
     Some(pairs.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect())
 }
 
-/// PostgreSQL's container: `spec.resources`, or requests of 100m CPU and 256Mi (Burstable).
+/// PostgreSQL's container: `spec.resources`, or a memory request of 256Mi (Burstable). No
+/// CPU request by default: on a crowded node a CPU share would let every instance's I/O
+/// work outcompete the kubelet and the instance managers, whose late answers fence primaries.
 pub fn postgres(db: &MyDatabase) -> ResourceRequirements {
     db.spec.resources.clone().unwrap_or_else(|| ResourceRequirements {
-        requests: quantities(&[("cpu", DEFAULT_CPU), ("memory", DEFAULT_MEMORY)]),
+        requests: quantities(&[("memory", DEFAULT_MEMORY)]),
         ..Default::default()
     })
 }
@@ -103,6 +104,7 @@ mod tests {
         let postgres = postgres(&sample());
         assert_eq!(postgres.requests.as_ref().and_then(|r| r.get("memory")).map(|q| q.0.as_str()), Some("256Mi"));
         assert!(postgres.limits.is_none());
+        assert!(postgres.requests.as_ref().is_some_and(|r| !r.contains_key("cpu")), "no CPU share by default");
         let manager = manager(&postgres);
         assert!(manager.limits.as_ref().is_some_and(|l| !l.contains_key("cpu")), "{manager:?}");
     }
