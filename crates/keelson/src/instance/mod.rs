@@ -194,33 +194,42 @@ async fn watch_fence(lease: Arc<Mutex<Lease>>, dir: PathBuf) {
 #[derive(Default)]
 pub struct Reporter {
     last: Option<(InstanceReport, Instant)>,
+    /// The last report did not reach the API server.
+    unsent: bool,
 }
 
 impl Reporter {
     /// The report to send for what was just seen, if any.
     pub fn consider(&mut self, seen: &InstanceReport, now: Instant) -> bool {
         let send = match &self.last {
+            _ if self.unsent => true,
             None => true,
             Some((last, _)) if !last.same_shape(seen) => true,
             Some((last, at)) => last != seen && now.duration_since(*at) >= POSITIONS_EVERY,
         };
         if send {
             self.last = Some((seen.clone(), now));
+            self.unsent = false;
         }
         send
     }
 
-    /// The API server refused the report: send it again next time.
+    /// The API server refused the report, or did not answer: send it again next time.
     pub fn forget(&mut self) {
-        self.last = None;
+        self.unsent = true;
     }
 
     /// The server has not answered since `answered_last`: the last report,
     /// marked unresponsive, once that has lasted `UNRESPONSIVE_AFTER` (never
-    /// before the server first answered: one starting up is not hung).
+    /// before the server first answered: one starting up is not hung); again
+    /// while that report has not reached the API server (a hung primary is
+    /// failed over on it, so it must not be lost to one failed call).
     pub fn silence(&self, answered_last: Option<Instant>, now: Instant, after: Duration) -> Option<InstanceReport> {
         let (last, _) = self.last.as_ref()?;
-        if last.unresponsive || now.duration_since(answered_last?) < after {
+        if last.unresponsive {
+            return self.unsent.then(|| last.clone());
+        }
+        if now.duration_since(answered_last?) < after {
             return None;
         }
         Some(InstanceReport { unresponsive: true, ..last.clone() })
@@ -468,6 +477,20 @@ mod tests {
         assert!(reporter.consider(&replica, start + Duration::from_millis(20)));
         reporter.forget();
         assert!(reporter.consider(&replica, start + Duration::from_millis(30)), "a refused report is sent again");
+    }
+
+    #[test]
+    fn an_unresponsive_report_that_did_not_arrive_is_sent_again() {
+        let mut reporter = Reporter::default();
+        let start = Instant::now();
+        assert!(reporter.consider(&primary("0/100", 0), start));
+        let later = start + UNRESPONSIVE_AFTER;
+        let silent = reporter.silence(Some(start), later, UNRESPONSIVE_AFTER).expect("unresponsive");
+        assert!(reporter.consider(&silent, later));
+        reporter.forget(); // the API server did not answer
+        let again = reporter.silence(Some(start), later, UNRESPONSIVE_AFTER).expect("sent again");
+        assert!(again.unresponsive && reporter.consider(&again, later));
+        assert_eq!(reporter.silence(Some(start), later, UNRESPONSIVE_AFTER), None, "once it arrived, once");
     }
 
     #[test]
