@@ -123,12 +123,15 @@ fn files_running(image: &str) -> Result<Vec<(String, String)>> {
 /// (everything `make deploy` applies but the namespace and the CRDs).
 /// Everything `make deploy` applies, once each: the `config/` files (the
 /// chart's copies of the CRDs and RBAC are for Helm), without kustomizations.
+/// The namespace comes first: `kubectl apply` creates in stream order, and the namespaced
+/// objects need it.
 pub fn install_stream(image: &str) -> Result<String> {
-    Ok(files_running(image)?
+    let mut files: Vec<(String, String)> = files_running(image)?
         .into_iter()
         .filter(|(path, _)| path.starts_with("config/") && !path.ends_with("kustomization.yaml"))
-        .map(|(_, text)| text)
-        .collect())
+        .collect();
+    files.sort_by_key(|(path, _)| path != "config/manager/namespace.yaml");
+    Ok(files.into_iter().map(|(_, text)| text).collect())
 }
 
 pub fn chart_objects() -> Result<Vec<serde_json::Value>> {
@@ -158,6 +161,11 @@ mod tests {
     fn the_install_stream_holds_each_object_once() {
         let stream = install_stream("registry.example.com/keelson:1.2.3").expect("renders");
         let mut seen = std::collections::BTreeSet::new();
+        let first = serde_yaml::Deserializer::from_str(&stream)
+            .map(serde_json::Value::deserialize)
+            .find_map(|object| object.ok().filter(|o| !o.is_null()))
+            .expect("an object");
+        assert_eq!(first["kind"], "Namespace", "kubectl apply needs the namespace before what lives in it");
         for document in serde_yaml::Deserializer::from_str(&stream) {
             let object = serde_json::Value::deserialize(document).expect("yaml");
             if object.is_null() {
