@@ -7,24 +7,15 @@
 mod common;
 
 use common::clients::sql_in;
+use common::running;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
-use keelson::api::mydatabase::{DatabasePhase, MyDatabase};
+use keelson::api::mydatabase::MyDatabase;
 use keelson::api::webapp::{WebApp, WebAppPhase};
 use keelson::manifests::deploy;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use testkit::{DEFAULT_TIMEOUT, cluster_or_skip, eventually, kubectl, wait_for};
-
-fn running(replicas: i32) -> impl Fn(&MyDatabase) -> bool {
-    move |db| {
-        db.status.as_ref().is_some_and(|s| {
-            s.phase == Some(DatabasePhase::Running)
-                && s.ready_replicas == replicas
-                && s.observed_generation == db.metadata.generation
-        })
-    }
-}
 
 #[tokio::test]
 async fn the_operator_in_a_pod_runs_the_tutorials_backups_and_a_failover() -> anyhow::Result<()> {

@@ -4,7 +4,7 @@
 mod common;
 
 use anyhow::Context as _;
-use common::TestOperator;
+use common::{TestOperator, running};
 use k8s_openapi::api::core::v1::Secret;
 use keelson::api::MyDatabase;
 use keelson::api::instance::Role;
@@ -435,16 +435,6 @@ fn database(name: &str, spec: serde_json::Value) -> anyhow::Result<MyDatabase> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": name}, "spec": spec
     }))?)
-}
-
-fn running(replicas: i32) -> impl Fn(&MyDatabase) -> bool {
-    move |db| {
-        db.status.as_ref().is_some_and(|s| {
-            s.phase == Some(DatabasePhase::Running)
-                && s.ready_replicas == replicas
-                && s.observed_generation == db.metadata.generation
-        })
-    }
 }
 
 #[tokio::test]

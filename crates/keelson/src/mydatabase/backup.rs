@@ -3,8 +3,8 @@
 
 use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
 use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodSpec,
-    PodTemplateSpec, Volume, VolumeResourceRequirements,
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodTemplateSpec,
+    Volume, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -12,9 +12,8 @@ use kube::Resource;
 
 use super::credentials::PASSWORD_KEY;
 use super::names::{self, APP_DB, APP_USER, PORT};
-use super::placement;
 use super::statefulset::{
-    POSTGRES_UID, client_ca_mount, client_ca_volume, client_tls_env, empty_dir, env, image, mount, scripts_volume,
+    client_ca_mount, client_ca_volume, client_tls_env, empty_dir, env, image, job_pod, mount, scripts_volume,
     secret_env,
 };
 use crate::api::MyDatabase;
@@ -54,62 +53,55 @@ pub fn volume_claim(db: &MyDatabase) -> PersistentVolumeClaim {
 fn backup_pod(db: &MyDatabase, retention: &str, verify_server: bool) -> PodTemplateSpec {
     PodTemplateSpec {
         metadata: Some(ObjectMeta { labels: Some(names::labels(db, "backup")), ..Default::default() }),
-        spec: Some(placement::job(
+        spec: Some(job_pod(
             db,
-            PodSpec {
-                restart_policy: Some("Never".into()),
-                // A backup talks to PostgreSQL only, never to the API server.
-                automount_service_account_token: Some(false),
-                security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
-                containers: vec![Container {
-                    name: "backup".into(),
-                    image: Some(image(db)),
-                    command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "backup".into()]),
-                    env: Some(
-                        vec![
-                            env("PRIMARY_HOST", names::rw_service(db)),
-                            // From a replica where one exists, so the primary is not loaded.
-                            env(
-                                "BACKUP_SOURCE_HOST",
-                                if db.spec.replicas > 1 { names::ro_service(db) } else { names::rw_service(db) },
-                            ),
-                            env("PRIMARY_PORT", PORT.to_string()),
-                            env("APP_DB", APP_DB),
-                            env("APP_USER", APP_USER),
-                            secret_env(db, "APP_PASSWORD", PASSWORD_KEY),
-                            env("BACKUP_DIR", "/backups"),
-                            env("RETENTION", retention),
-                        ]
-                        .into_iter()
-                        .chain(client_tls_env(verify_server))
-                        .collect(),
-                    ),
-                    // A failing container's last log lines become its termination message (shown in status).
-                    termination_message_policy: Some("FallbackToLogsOnError".into()),
-                    security_context: Some(security::restricted_container()),
-                    volume_mounts: Some(vec![
-                        mount("backups", "/backups"),
-                        mount("scripts", "/scripts"),
-                        mount("tmp", "/tmp"),
-                        client_ca_mount(),
-                    ]),
-                    ..Default::default()
-                }],
-                volumes: Some(vec![
-                    Volume {
-                        name: "backups".into(),
-                        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                            claim_name: names::backups_pvc(db),
-                            read_only: None,
-                        }),
-                        ..Default::default()
-                    },
-                    scripts_volume(db),
-                    empty_dir("tmp"),
-                    client_ca_volume(db),
+            Container {
+                name: "backup".into(),
+                image: Some(image(db)),
+                command: Some(vec!["/bin/bash".into(), format!("/scripts/{}", names::SCRIPT), "backup".into()]),
+                env: Some(
+                    vec![
+                        env("PRIMARY_HOST", names::rw_service(db)),
+                        // From a replica where one exists, so the primary is not loaded.
+                        env(
+                            "BACKUP_SOURCE_HOST",
+                            if db.spec.replicas > 1 { names::ro_service(db) } else { names::rw_service(db) },
+                        ),
+                        env("PRIMARY_PORT", PORT.to_string()),
+                        env("APP_DB", APP_DB),
+                        env("APP_USER", APP_USER),
+                        secret_env(db, "APP_PASSWORD", PASSWORD_KEY),
+                        env("BACKUP_DIR", "/backups"),
+                        env("RETENTION", retention),
+                    ]
+                    .into_iter()
+                    .chain(client_tls_env(verify_server))
+                    .collect(),
+                ),
+                // A failing container's last log lines become its termination message (shown in status).
+                termination_message_policy: Some("FallbackToLogsOnError".into()),
+                security_context: Some(security::restricted_container()),
+                volume_mounts: Some(vec![
+                    mount("backups", "/backups"),
+                    mount("scripts", "/scripts"),
+                    mount("tmp", "/tmp"),
+                    client_ca_mount(),
                 ]),
                 ..Default::default()
             },
+            vec![
+                Volume {
+                    name: "backups".into(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: names::backups_pvc(db),
+                        read_only: None,
+                    }),
+                    ..Default::default()
+                },
+                scripts_volume(db),
+                empty_dir("tmp"),
+                client_ca_volume(db),
+            ],
         )),
     }
 }

@@ -6,15 +6,14 @@
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Volume,
+    Container, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, PodTemplateSpec, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::names;
 use super::observed::Observed;
-use super::placement;
 use super::statefulset::{
-    DATA_MOUNT, POSTGRES_UID, data_claim, empty_dir, env, image, instance_env, mount, password_env, scripts_volume,
+    DATA_MOUNT, data_claim, empty_dir, env, image, instance_env, job_pod, mount, password_env, scripts_volume,
 };
 use crate::Result;
 use crate::api::MyDatabase;
@@ -142,23 +141,17 @@ fn job(db: &MyDatabase, from: &RestoreFrom) -> Result<Job> {
             active_deadline_seconds: Some(6 * 3600),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(names::labels(db, "restore")), ..Default::default() }),
-                spec: Some(placement::job(
+                // A restore talks to no API server.
+                spec: Some(job_pod(
                     db,
-                    PodSpec {
-                        restart_policy: Some("Never".into()),
-                        // A restore talks to no API server.
-                        automount_service_account_token: Some(false),
-                        security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
-                        containers: vec![container],
-                        volumes: Some(vec![
-                            claim_volume("data", names::first_data_claim(db), false),
-                            claim_volume("source", names::backups_pvc_of(&from.database), true),
-                            scripts_volume(db),
-                            empty_dir("run"),
-                            empty_dir("tmp"),
-                        ]),
-                        ..Default::default()
-                    },
+                    container,
+                    vec![
+                        claim_volume("data", names::first_data_claim(db), false),
+                        claim_volume("source", names::backups_pvc_of(&from.database), true),
+                        scripts_volume(db),
+                        empty_dir("run"),
+                        empty_dir("tmp"),
+                    ],
                 )),
             },
             ..Default::default()

@@ -213,6 +213,22 @@ pub fn password_env(db: &MyDatabase) -> Vec<EnvVar> {
     ]
 }
 
+/// A backup's or restore's pod: it runs once, talks to PostgreSQL only (no API
+/// token), as the image's non-root user, on the nodes the user allowed.
+pub fn job_pod(db: &MyDatabase, container: Container, volumes: Vec<Volume>) -> PodSpec {
+    placement::job(
+        db,
+        PodSpec {
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            security_context: Some(security::restricted_pod(POSTGRES_UID, Some(POSTGRES_UID))),
+            containers: vec![container],
+            volumes: Some(volumes),
+            ..Default::default()
+        },
+    )
+}
+
 /// An instance's data volume claim: the StatefulSet's template (`data`), or a
 /// claim made ahead of it under the name the StatefulSet will adopt.
 pub fn data_claim(db: &MyDatabase, name: &str) -> PersistentVolumeClaim {

@@ -259,3 +259,14 @@ pub async fn real_namespace(cluster: &Cluster, test_name: &str) -> anyhow::Resul
     ns.clear_finalizers_on_drop::<keelson::api::MyDatabase>();
     Ok(ns)
 }
+
+/// A MyDatabase Running with `replicas` ready instances, as of its latest spec.
+pub fn running(replicas: i32) -> impl Fn(&keelson::api::MyDatabase) -> bool {
+    move |db| {
+        db.status.as_ref().is_some_and(|s| {
+            s.phase == Some(keelson::api::mydatabase::DatabasePhase::Running)
+                && s.ready_replicas == replicas
+                && s.observed_generation == db.metadata.generation
+        })
+    }
+}
