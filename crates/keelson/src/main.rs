@@ -52,8 +52,13 @@ enum Command {
 enum InstanceCommand {
     /// Report the local PostgreSQL's role, version and positions on this pod.
     Run(keelson::instance::RunArgs),
-    /// Copy this binary to PATH (an init container's job).
-    Install { path: std::path::PathBuf },
+    /// Copy this binary to PATH (an init container's job, or an in-place upgrade's).
+    Install {
+        path: std::path::PathBuf,
+        /// The image this binary comes from, recorded beside it for the manager to report.
+        #[arg(long)]
+        image: Option<String>,
+    },
     /// Print the SCRAM-SHA-256 verifier of the password read from stdin (what
     /// `ALTER ROLE … PASSWORD` is given, so the password never reaches the server).
     ScramVerifier,
@@ -106,7 +111,7 @@ async fn run() -> ExitCode {
                     tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
                     keelson::instance::run(args).await
                 }
-                InstanceCommand::Install { path } => keelson::instance::install(&path),
+                InstanceCommand::Install { path, image } => keelson::instance::install(&path, image.as_deref()),
                 InstanceCommand::ScramVerifier => keelson::instance::print_scram_verifier(),
             };
             match outcome {

@@ -773,3 +773,113 @@ async fn resources_storage_class_parameters_and_placement_reach_the_pods() -> an
     classes.delete(&priority, &Default::default()).await?;
     Ok(())
 }
+
+/// What must not change on an instance when the operator is upgraded.
+#[derive(Debug, PartialEq)]
+struct Instance {
+    pod: String,
+    uid: Option<String>,
+    role: Option<String>,
+    /// Restarts of PostgreSQL's container and of the manager's.
+    restarts: Vec<(String, i32)>,
+    postmaster_started: String,
+    timeline: String,
+}
+
+async fn instances_of(ns: &TestNamespace, db: &str) -> anyhow::Result<Vec<Instance>> {
+    let pods = ns.api::<k8s_openapi::api::core::v1::Pod>();
+    let selector = format!("{}={db}", keelson::mydatabase::names::CLUSTER_LABEL);
+    let mut instances = Vec::new();
+    for pod in pods.list(&kube::api::ListParams::default().labels(&selector)).await?.items {
+        let name = pod.name_any();
+        let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
+        instances.push(Instance {
+            uid: pod.metadata.uid.clone(),
+            role: pod.labels().get(keelson::api::instance::ROLE_LABEL).cloned(),
+            restarts: statuses.iter().map(|c| (c.name.clone(), c.restart_count)).collect(),
+            postmaster_started: sql_in(ns, &name, "SELECT pg_postmaster_start_time()")?,
+            timeline: sql_in(ns, &name, "SELECT timeline_id FROM pg_control_checkpoint()")?,
+            pod: name,
+        });
+    }
+    instances.sort_by(|a, b| a.pod.cmp(&b.pod));
+    Ok(instances)
+}
+
+/// Issue 30: an operator upgrade (a new image) with two databases running
+/// replaces every instance manager in place: no PostgreSQL restarts, no
+/// switchover, no pod is replaced, and the new managers report.
+#[tokio::test]
+async fn an_operator_upgrade_replaces_instance_managers_without_restarting_postgresql() -> anyhow::Result<()> {
+    use keelson::api::instance::MANAGER_IMAGE;
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-upgrade").await?;
+    let old_image = common::instance_image()?;
+    let new_image = common::instance_image_named(&format!("{old_image}-next"))?;
+    anyhow::ensure!(new_image != old_image, "the second version needs its own image name");
+    let operator = TestOperator::start(&cluster, &ns).await?;
+    let dbs = ns.api::<MyDatabase>();
+    let databases = [("ledger", 2), ("catalog", 1)];
+    for (name, replicas) in databases {
+        let spec = json!({"replicas": replicas, "version": "15.2", "storage": "1Gi"});
+        dbs.create(&PostParams::default(), &database(name, spec)?).await?;
+    }
+    let pods = ns.api::<k8s_openapi::api::core::v1::Pod>();
+    let managers_on = |image: String| {
+        let pods = pods.clone();
+        move || {
+            let (pods, image) = (pods.clone(), image.clone());
+            async move {
+                let list = pods.list(&kube::api::ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+                let instances: Vec<_> =
+                    list.iter().filter(|p| p.annotations().contains_key(keelson::api::instance::ANNOTATION)).collect();
+                instances.len() == 3
+                    && instances.iter().all(|p| p.annotations().get(MANAGER_IMAGE).map(String::as_str) == Some(&image))
+            }
+        }
+    };
+    for (name, replicas) in databases {
+        testkit::wait_for(&dbs, name, "Running", DEFAULT_TIMEOUT, running(replicas)).await?;
+    }
+    eventually(DEFAULT_TIMEOUT, "every instance manager reports the first image", managers_on(old_image.clone()))
+        .await?;
+    sql_in(&ns, "ledger-0", "CREATE TABLE t (v text); INSERT INTO t VALUES ('before the upgrade')")?;
+    let before = [instances_of(&ns, "ledger").await?, instances_of(&ns, "catalog").await?];
+    let primaries = [dbs.get("ledger").await?.status, dbs.get("catalog").await?.status]
+        .map(|s| s.map(|s| (s.current_primary, s.last_failover)));
+
+    operator.stop().await?;
+    let operator = TestOperator::start_with_instance_image(&cluster, &ns, &new_image).await?;
+    eventually(DEFAULT_TIMEOUT, "every instance manager upgraded in place", managers_on(new_image.clone())).await?;
+    for (name, replicas) in databases {
+        testkit::wait_for(&dbs, name, "Running, every manager current", DEFAULT_TIMEOUT, |db| {
+            running(replicas)(db)
+                && db.status.as_ref().is_some_and(|s| {
+                    s.conditions.iter().any(|c| c.type_ == "InstanceManagersCurrent" && c.status == "True")
+                })
+        })
+        .await?;
+    }
+
+    let after = [instances_of(&ns, "ledger").await?, instances_of(&ns, "catalog").await?];
+    assert_eq!(after, before, "an instance restarted, was replaced or changed role");
+    let primaries_after = [dbs.get("ledger").await?.status, dbs.get("catalog").await?.status]
+        .map(|s| s.map(|s| (s.current_primary, s.last_failover)));
+    assert_eq!(primaries_after, primaries, "a switchover or failover happened");
+    let sets = ns.api::<k8s_openapi::api::apps::v1::StatefulSet>();
+    for (name, _) in databases {
+        let set = sets.get(name).await?;
+        assert_eq!(
+            keelson::mydatabase::upgrade::template_manager_image(&set),
+            Some(old_image.as_str()),
+            "{name}: the pods' template changed (a rollout)"
+        );
+    }
+    // The upgraded managers still do their work: a replica streams what the primary writes.
+    sql_in(&ns, "ledger-0", "INSERT INTO t VALUES ('after the upgrade')")?;
+    eventually(DEFAULT_TIMEOUT, "the replica streams after the upgrade", || async {
+        sql_in(&ns, "ledger-1", "SELECT count(*) FROM t").is_ok_and(|n| n == "2")
+    })
+    .await?;
+    operator.stop().await
+}

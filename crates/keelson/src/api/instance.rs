@@ -17,6 +17,10 @@ pub const POSITION_REQUEST: &str = "db.keelson.dev/position-request";
 /// position is then final), so a primary that is still running can no longer
 /// have commits confirmed by it. Removed once a primary is chosen.
 pub const HOLD_STREAMING: &str = "db.keelson.dev/hold-streaming";
+/// Written by the instance manager with each report: the image it was
+/// installed from (`keelson instance install --image`). The operator upgrades a
+/// manager that runs another image than its own in place (`mydatabase::upgrade`).
+pub const MANAGER_IMAGE: &str = "db.keelson.dev/manager-image";
 /// Set by the operator on every pod: PostgreSQL's `synchronous_standby_names`
 /// for when that instance is the primary (empty: asynchronous).
 pub const SYNCHRONOUS_STANDBYS: &str = "db.keelson.dev/synchronous-standbys";

@@ -19,6 +19,7 @@
 
 pub mod lease;
 pub mod probe;
+pub mod upgrade;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,8 +33,8 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::api::instance::{
-    ANNOTATION, HOLD_STREAMING, InstanceReport, LEASE, POSITION_REQUEST, ROLE_LABEL, Role, SYNCHRONOUS_STANDBYS,
-    UPSTREAM, UPSTREAM_SSLMODE,
+    ANNOTATION, HOLD_STREAMING, InstanceReport, LEASE, MANAGER_IMAGE, POSITION_REQUEST, ROLE_LABEL, Role,
+    SYNCHRONOUS_STANDBYS, UPSTREAM, UPSTREAM_SSLMODE,
 };
 use lease::{FENCE_LOOK_EVERY, Lease};
 use probe::Server;
@@ -248,7 +249,10 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
     let mut answered_last: Option<Instant> = None;
     // The position request answered last (sticky in every later report).
     let mut answering: Option<String> = None;
-    tracing::info!(namespace, pod, "instance manager started");
+    // Where this binary lives: a new one installed beside it is taken up in place (`upgrade`).
+    let exe = std::env::current_exe().ok();
+    let manager_image = exe.as_deref().and_then(upgrade::installed_image);
+    tracing::info!(namespace, pod, image = manager_image.as_deref().unwrap_or("unknown"), "instance manager started");
     let own_pod = watcher::Config::default().fields(&format!("metadata.name={pod}"));
     let mut orders = watcher(pods.clone(), own_pod).default_backoff().applied_objects().boxed();
     let stop = crate::operator::termination_signal();
@@ -287,6 +291,13 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
             },
         }
         looked = tokio::time::Instant::now();
+        if let Some(exe) = &exe
+            && let Some(next) = upgrade::waiting(exe)
+        {
+            tracing::info!(namespace, pod, image = ?upgrade::installed_image(&next), "taking up a new instance manager in place");
+            let error = upgrade::take_up(exe, &next).await;
+            tracing::error!(namespace, pod, %error, "cannot take up the new instance manager; this one carries on");
+        }
         let probed = server.look(PROBE_TIMEOUT).await;
         // The lease first: a look at a hung server must not hold it up.
         let replica_streaming = probed
@@ -371,9 +382,10 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
             reporter.forget();
             continue;
         }
-        let patch = Patch::Merge(
-            json!({"metadata": {"annotations": {ANNOTATION: serde_json::to_string(&seen).unwrap_or_default()}}}),
-        );
+        let patch = Patch::Merge(json!({"metadata": {"annotations": {
+            ANNOTATION: serde_json::to_string(&seen).unwrap_or_default(),
+            MANAGER_IMAGE: manager_image,
+        }}}));
         let report = pods.patch(&pod, &params, &patch);
         match tokio::time::timeout(LOOK_TIMEOUT, report).await {
             Ok(Ok(_)) => tracing::debug!(namespace, pod, role = ?seen.role, lsn = seen.lsn, "reported"),
@@ -412,8 +424,10 @@ pub fn print_scram_verifier() -> Result<(), InstanceError> {
     Ok(())
 }
 
-/// Copies the running binary to `to` (an emptyDir the PostgreSQL container mounts).
-pub fn install(to: &Path) -> Result<(), InstanceError> {
+/// Copies the running binary to `to` (an emptyDir the PostgreSQL container
+/// mounts), and records `image` beside it (`upgrade::image_file`) first: a
+/// running manager takes up a binary as soon as it sees it.
+pub fn install(to: &Path, image: Option<&str>) -> Result<(), InstanceError> {
     let from = std::env::current_exe().map_err(|source| InstanceError::Install {
         from: "the running binary".into(),
         to: to.display().to_string(),
@@ -421,6 +435,12 @@ pub fn install(to: &Path) -> Result<(), InstanceError> {
     })?;
     let error =
         |source| InstanceError::Install { from: from.display().to_string(), to: to.display().to_string(), source };
+    if let Some(image) = image {
+        let file = upgrade::image_file(to);
+        let partial = PathBuf::from(format!("{}.partial", file.display()));
+        std::fs::write(&partial, image).map_err(error)?;
+        std::fs::rename(&partial, &file).map_err(error)?;
+    }
     let partial = to.with_extension("partial");
     std::fs::copy(&from, &partial).map_err(error)?;
     std::fs::rename(&partial, to).map_err(error)?;

@@ -1,5 +1,5 @@
 //! What RBAC cannot say: an instance manager may change only its own pod,
-//! and on it only its report and its lease. Its Role names every pod of its
+//! and on it only its report, its lease and the image it runs. Its Role names every pod of its
 //! database (RBAC has no "the pod this token belongs to"), so a
 //! ValidatingAdmissionPolicy checks each of its writes against the pod its
 //! token is bound to (`authentication.kubernetes.io/pod-name`, which the API
@@ -14,7 +14,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::api::instance::{ANNOTATION, LEASE};
+use crate::api::instance::{ANNOTATION, LEASE, MANAGER_IMAGE};
 use crate::mydatabase::names::CLUSTER_LABEL;
 
 pub const POLICY_NAME: &str = "keelson-instance-writes";
@@ -27,7 +27,7 @@ fn validation(expression: String, message: &str) -> Validation {
 }
 
 pub fn instance_policy() -> ValidatingAdmissionPolicy {
-    let own = format!("[{:?}, {:?}]", ANNOTATION, LEASE);
+    let own = format!("[{:?}, {:?}, {:?}]", ANNOTATION, LEASE, MANAGER_IMAGE);
     ValidatingAdmissionPolicy {
         metadata: ObjectMeta { name: Some(POLICY_NAME.into()), ..Default::default() },
         spec: Some(ValidatingAdmissionPolicySpec {
@@ -72,7 +72,7 @@ pub fn instance_policy() -> ValidatingAdmissionPolicy {
                         "variables.new.all(k, k in {own} || (k in variables.old && variables.old[k] == variables.new[k])) \
                          && variables.old.all(k, k in {own} || k in variables.new)"
                     ),
-                    "an instance manager may change only its report and its lease annotations",
+                    "an instance manager may change only its report and its lease annotations (and the image it runs)",
                 ),
                 validation(
                     "object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([]) && \
@@ -110,7 +110,9 @@ mod tests {
         assert!(condition.contains("'-instance'") && condition.contains("\"keelson.dev/cluster\""), "{condition}");
         let validations = spec.validations.expect("validations");
         assert!(validations[0].expression.contains("\"authentication.kubernetes.io/pod-name\""));
-        assert!(validations[2].expression.contains("[\"db.keelson.dev/instance\", \"db.keelson.dev/primary-lease\"]"));
+        assert!(validations[2].expression.contains(
+            "[\"db.keelson.dev/instance\", \"db.keelson.dev/primary-lease\", \"db.keelson.dev/manager-image\"]"
+        ));
         assert_eq!(instance_policy_binding().spec.validation_actions, ["Deny"]);
     }
 }

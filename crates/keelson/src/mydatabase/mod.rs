@@ -27,6 +27,7 @@ pub mod services;
 pub mod statefulset;
 pub mod status;
 pub mod tls;
+pub mod upgrade;
 pub mod validation;
 
 use std::sync::Arc;
@@ -74,6 +75,8 @@ pub const RBAC: &[Permission] = &[
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
     },
     Permission { group: "", resources: &["pods"], verbs: &["list", "watch", "patch", "delete"] },
+    // In-place upgrades of the instance manager (`upgrade`): its binary, installed by an ephemeral container.
+    Permission { group: "", resources: &["pods/ephemeralcontainers"], verbs: &["patch"] },
     // The instance managers' identity; granting pods/patch needs holding it (above).
     Permission { group: "", resources: &["serviceaccounts"], verbs: &["get", "list", "watch", "create", "patch"] },
     Permission {

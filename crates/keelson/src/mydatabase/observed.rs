@@ -77,6 +77,10 @@ pub struct Observed {
     pub failover_blocked: Option<String>,
     /// When the primary's lease expires unless renewed (set by apply).
     pub lease_expires_in: Option<std::time::Duration>,
+    /// Why a new operator's pod template waits (set by apply).
+    pub restart_pending: Option<String>,
+    /// The instance managers against this operator's image (set by apply).
+    pub managers: Option<super::upgrade::Managers>,
 }
 
 impl Caches {
@@ -175,6 +179,8 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
         failover: None,
         failover_blocked: None,
         lease_expires_in: None,
+        restart_pending: None,
+        managers: None,
     })
 }
 

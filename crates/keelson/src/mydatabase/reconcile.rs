@@ -22,6 +22,7 @@ use super::observed::{self, Caches, Observed};
 use super::restore::{self, Progress, Restore};
 use super::rollout::{self, Step};
 use super::statefulset::TemplateChange;
+use super::upgrade::{self, Template};
 use super::{
     backup, credentials, deletion, drain, instances, names, pdb, scripts, services, statefulset, status, tls,
     validation,
@@ -34,7 +35,7 @@ use crate::api::instance::{
 use crate::api::mydatabase::{
     FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase, MyDatabaseStatus, SWITCHOVER_ANNOTATION,
 };
-use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler};
+use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler, Settings};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 pub const CONTROLLER: &str = "mydatabase";
@@ -122,7 +123,7 @@ pub struct Desired {
     services: [Service; 3],
     backups_claim: Option<PersistentVolumeClaim>,
     restore: Option<Restore>,
-    statefulset: StatefulSet,
+    statefulset: Template,
     disruption_budgets: pdb::Budgets,
     backup_cron_job: Option<CronJob>,
 }
@@ -179,7 +180,12 @@ impl Reconciler for MyDatabaseReconciler {
             services: services::build(db)?,
             backups_claim,
             restore: restore::build(db)?,
-            statefulset: self.statefulset(db)?,
+            statefulset: upgrade::template(
+                db,
+                &self.ctx.settings.instance_image,
+                observed.statefulset.as_ref(),
+                |image| self.statefulset(db, image),
+            )?,
             disruption_budgets: pdb::build(db)?,
             backup_cron_job: backup::cronjob(db, verify_server)?,
         })
@@ -244,9 +250,16 @@ impl Reconciler for MyDatabaseReconciler {
             }
             (Progress::Running | Progress::Failed { .. }, _) => false,
         };
+        let mut restart_pending = None;
         let statefulset = match statefulset::template_change(db, observed.statefulset.as_ref()) {
             _ if !restored => None,
-            TemplateChange::None => applier.apply(&caches.statefulsets, desired.statefulset).await,
+            TemplateChange::None => match desired.statefulset {
+                Template::Apply(statefulset) => applier.apply(&caches.statefulsets, *statefulset).await,
+                Template::Held(fields) => {
+                    restart_pending = Some(upgrade::held_message(&fields));
+                    observed.statefulset.clone()
+                }
+            },
             TemplateChange::Recreating => {
                 applier.wait(format!("StatefulSet {name} to be recreated with its new template"));
                 observed.statefulset.clone()
@@ -278,6 +291,18 @@ impl Reconciler for MyDatabaseReconciler {
         if !failover_pending {
             failover_pending = self.move_primary(db, &observed, statefulset.as_ref(), &primary, applier).await;
         }
+        // Instance managers upgraded in place, never during a failover or switchover.
+        let managers =
+            upgrade::managers(&observed.pods, &self.ctx.settings.instance_image, k8s_openapi::jiff::Timestamp::now())
+                .ok();
+        if let Some(pod) = managers.as_ref().and_then(|m| m.next.as_ref()).filter(|_| !failover_pending) {
+            match upgrade::upgrade_container(&self.ctx.settings.instance_image) {
+                Ok(container) => {
+                    applier.add_ephemeral_container(pod, &container).await;
+                }
+                Err(error) => tracing::warn!(%error, "cannot build the instance manager's upgrade"),
+            }
+        }
         let lease_expires_in = self
             .lease_unrenewed(db, &primary, &observed.pods)
             .map(|unrenewed| LEASE_EXPIRES_AFTER.saturating_sub(unrenewed));
@@ -299,6 +324,8 @@ impl Reconciler for MyDatabaseReconciler {
             failover,
             failover_blocked,
             lease_expires_in,
+            restart_pending,
+            managers,
             ..observed
         }
     }
@@ -355,9 +382,11 @@ impl Reconciler for MyDatabaseReconciler {
 }
 
 impl MyDatabaseReconciler {
-    /// The StatefulSet, keeping the primary's pod while a scale-down waits for its handover.
-    fn statefulset(&self, db: &MyDatabase) -> Result<StatefulSet> {
-        let mut statefulset = statefulset::build(db, &self.ctx.settings)?;
+    /// The StatefulSet with the instance manager from `manager_image`, keeping
+    /// the primary's pod while a scale-down waits for its handover.
+    fn statefulset(&self, db: &MyDatabase, manager_image: &str) -> Result<StatefulSet> {
+        let settings = Settings { instance_image: manager_image.to_string(), ..self.ctx.settings.clone() };
+        let mut statefulset = statefulset::build(db, &settings)?;
         let status_primary = db.status.as_ref().and_then(|s| s.current_primary.clone());
         let primary = self.state(db).chosen.or(status_primary);
         let keep = drain::instances_to_keep(db.spec.replicas.max(0) as u32, primary.as_deref());

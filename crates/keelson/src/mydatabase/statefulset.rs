@@ -262,22 +262,37 @@ const MANAGER_DIR: &str = "/keelson";
 /// Where in-cluster clients look for their ServiceAccount's token.
 const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
+/// The init container that copies the instance manager into the pod.
+pub const INSTALL_CONTAINER: &str = "install-instance-manager";
+/// The instance manager's container.
+pub const MANAGER_CONTAINER: &str = "instance-manager";
+/// The volume the instance manager's binary and orders live in.
+pub const MANAGER_VOLUME: &str = "instance-manager";
+/// Where the install container (and an in-place upgrade's) mounts `MANAGER_VOLUME`.
+pub const INSTALL_DIR: &str = "/install";
+const INSTALL_TO: &str = "/install/keelson";
+
+/// `keelson instance install` of `image`'s binary to `to`, recording the image beside it.
+pub fn install_command(image: &str, to: &str) -> Vec<String> {
+    ["/keelson", "instance", "install", to, "--image", image].map(String::from).to_vec()
+}
+
 /// The instance manager (`crate::instance`): copied out of the operator's
 /// image by an init container, run beside PostgreSQL from the PostgreSQL
 /// image (it asks the server through `psql` on the shared socket).
 fn instance_manager(db: &MyDatabase, settings: &Settings) -> (Container, Container) {
     let install = Container {
-        name: "install-instance-manager".into(),
+        name: INSTALL_CONTAINER.into(),
         image: Some(settings.instance_image.clone()),
         // The image's binary is /keelson itself: the folder goes elsewhere here.
-        command: Some(vec!["/keelson".into(), "instance".into(), "install".into(), "/install/keelson".into()]),
+        command: Some(install_command(&settings.instance_image, INSTALL_TO)),
         resources: Some(resources::manager(&resources::postgres(db))),
         security_context: Some(security::restricted_container()),
-        volume_mounts: Some(vec![mount("instance-manager", "/install")]),
+        volume_mounts: Some(vec![mount(MANAGER_VOLUME, INSTALL_DIR)]),
         ..Default::default()
     };
     let run = Container {
-        name: "instance-manager".into(),
+        name: MANAGER_CONTAINER.into(),
         image: Some(image(db)),
         command: Some(vec![format!("{MANAGER_DIR}/keelson"), "instance".into(), "run".into()]),
         env: Some(vec![
@@ -290,7 +305,7 @@ fn instance_manager(db: &MyDatabase, settings: &Settings) -> (Container, Contain
         security_context: Some(security::restricted_container()),
         volume_mounts: Some(vec![
             // It writes the operator's orders here for PostgreSQL's container.
-            mount("instance-manager", MANAGER_DIR),
+            mount(MANAGER_VOLUME, MANAGER_DIR),
             mount("run", "/var/run/postgresql"),
             VolumeMount { read_only: Some(true), ..mount("instance-token", TOKEN_DIR) },
         ]),
@@ -387,7 +402,7 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
         volume_mounts: Some(vec![
             mount("data", DATA_MOUNT),
             mount("scripts", "/scripts"),
-            VolumeMount { read_only: Some(true), ..mount("instance-manager", MANAGER_DIR) },
+            VolumeMount { read_only: Some(true), ..mount(MANAGER_VOLUME, MANAGER_DIR) },
             mount("run", "/var/run/postgresql"),
             mount("tmp", "/tmp"),
             VolumeMount { read_only: Some(true), ..mount("credentials", CREDENTIALS_MOUNT) },
@@ -436,7 +451,7 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                             server_tls_volume(db),
                             empty_dir("run"),
                             empty_dir("tmp"),
-                            empty_dir("instance-manager"),
+                            empty_dir(MANAGER_VOLUME),
                             instance_token_volume(),
                         ]),
                         ..Default::default()

@@ -10,6 +10,7 @@ use super::names;
 use super::observed::Observed;
 use super::restore::Progress;
 use super::statefulset::TemplateChange;
+use super::upgrade::Managers;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::mydatabase::{DatabasePhase, MyDatabase, MyDatabaseStatus};
 use crate::runtime::jobs::job_finished;
@@ -91,6 +92,28 @@ fn restore_condition(db: &MyDatabase, progress: &Progress) -> DesiredCondition {
 /// The status `db` should have, from what the cluster holds and what this
 /// reconcile's applier recorded. `ready` and `phase` never contradict the
 /// conditions: a refused child means not ready.
+/// Whether every instance manager runs this operator's image (see `upgrade`).
+fn managers_condition(managers: &Managers) -> DesiredCondition {
+    let Managers { image, current, reporting, .. } = managers;
+    let running = format!("{current}/{reporting} instance managers run {image}");
+    match (&managers.failed[..], managers.upgrading.as_ref().or(managers.next.as_ref())) {
+        ([], _) if current == reporting => DesiredCondition::new("InstanceManagersCurrent", true, "Current", running),
+        ([], Some(pod)) => DesiredCondition::new(
+            "InstanceManagersCurrent",
+            false,
+            "UpgradingInPlace",
+            format!("{running}; upgrading {pod}'s in place (PostgreSQL keeps running)"),
+        ),
+        ([], None) => DesiredCondition::new("InstanceManagersCurrent", false, "Waiting", running),
+        (failed, _) => DesiredCondition::new(
+            "InstanceManagersCurrent",
+            false,
+            "UpgradeFailed",
+            format!("{running}; {}", failed.join("; ")),
+        ),
+    }
+}
+
 pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Time) -> MyDatabaseStatus {
     let desired = db.spec.replicas;
     let previous = db.status.as_ref();
@@ -184,6 +207,12 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
     }
     if let Some(blocked) = &observed.failover_blocked {
         conditions.push(DesiredCondition::new("FailoverBlocked", true, "QuorumNotReached", blocked.clone()));
+    }
+    if let Some(pending) = &observed.restart_pending {
+        conditions.push(DesiredCondition::new("RestartPending", true, "OperatorUpgrade", pending.clone()));
+    }
+    if let Some(managers) = observed.managers.as_ref().filter(|m| m.reporting > 0) {
+        conditions.push(managers_condition(managers));
     }
     conditions.push(match (&db.spec.backup, observed.backup_cron_job.is_some()) {
         (Some(backup), true) => DesiredCondition::new(

@@ -9,7 +9,7 @@ use std::fmt::Debug;
 use std::sync::Mutex;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{EphemeralContainer, ObjectReference, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
@@ -210,6 +210,31 @@ impl<'a> Applier<'a> {
                     name,
                     action,
                     &Error::Kube { action: format!("{action} {} {name}", K::kind(&())), source },
+                );
+                false
+            }
+        }
+    }
+
+    /// Adds an ephemeral container to one of the owner's pods (an in-place upgrade of what runs in it).
+    pub async fn add_ephemeral_container(&self, pod: &str, container: &EphemeralContainer) -> bool {
+        let patch = serde_json::json!({"spec": {"ephemeralContainers": [container]}});
+        let api = self.api::<Pod>();
+        match api.patch_ephemeral_containers(pod, &PatchParams::default(), &Patch::Strategic(patch)).await {
+            Ok(_) => {
+                tracing::info!(namespace = %self.namespace, owner = ?self.owner.name, pod, container = %container.name, "added an ephemeral container");
+                self.ctx
+                    .metrics
+                    .child_writes
+                    .get_or_create(&ChildWriteLabels { kind: "Pod".into(), action: "ephemeralcontainers" })
+                    .inc();
+                true
+            }
+            Err(source) => {
+                self.fail::<Pod>(
+                    pod,
+                    "add an ephemeral container to",
+                    &Error::Kube { action: format!("add ephemeral container {} to Pod {pod}", container.name), source },
                 );
                 false
             }

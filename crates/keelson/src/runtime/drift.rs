@@ -187,10 +187,15 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf29ce484222325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x100000001b3))
 }
 
+/// A stable hash of `value`'s JSON, as 16 hex digits.
+pub fn content_hash<T: Serialize>(value: &T, what: &'static str) -> Result<String> {
+    let json = serde_json::to_vec(value).map_err(|source| Error::Serialize { what, source })?;
+    Ok(format!("{:016x}", fnv1a(&json)))
+}
+
 /// Stamps `desired` with the hash of its own content.
 pub fn stamp_desired_hash<K: Resource + Serialize>(desired: &mut K) -> Result<()> {
-    let json = serde_json::to_vec(desired).map_err(|source| Error::Serialize { what: "desired child", source })?;
-    let hash = format!("{:016x}", fnv1a(&json));
+    let hash = content_hash(desired, "desired child")?;
     desired.meta_mut().annotations.get_or_insert_with(Default::default).insert(DESIRED_HASH_ANNOTATION.into(), hash);
     Ok(())
 }

@@ -48,6 +48,22 @@ pub fn instance_image() -> anyhow::Result<String> {
     made.clone().map_err(anyhow::Error::msg)
 }
 
+/// This build's `keelson` binary imported into the nodes again under `reference`
+/// (a second operator version, for upgrade tests).
+pub fn instance_image_named(reference: &str) -> anyhow::Result<String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../hack/cluster.sh");
+    let output = std::process::Command::new(script)
+        .args(["keelson-image", env!("CARGO_BIN_EXE_keelson"), reference])
+        .output()
+        .with_context(|| format!("cannot run {script}"))?;
+    anyhow::ensure!(
+        output.status.success(),
+        "{script} keelson-image failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
 /// Installs the generated CRDs and ClusterRole (idempotent, safe in parallel).
 pub async fn install(cluster: &Cluster) -> anyhow::Result<()> {
     init_logging();
@@ -191,6 +207,12 @@ impl TestOperator {
         Self::start_with_identity_in(cluster, ns, ns).await
     }
 
+    /// Starts the controllers again as another operator version would: MyDatabase
+    /// pods' instance manager from `image`.
+    pub async fn start_with_instance_image(cluster: &Cluster, ns: &TestNamespace, image: &str) -> anyhow::Result<Self> {
+        Self::start_with(cluster, ns, ns, image.to_string()).await
+    }
+
     /// Starts the controllers watching `watched`, as a ServiceAccount that lives in
     /// `home` and holds the ClusterRole cluster-wide, as a deployed operator does:
     /// for tests that delete the watched namespace with everything in it.
@@ -207,13 +229,21 @@ impl TestOperator {
         home: &TestNamespace,
         ns: &TestNamespace,
     ) -> anyhow::Result<Self> {
+        Self::start_with(cluster, home, ns, instance_image()?).await
+    }
+
+    async fn start_with(
+        cluster: &Cluster,
+        home: &TestNamespace,
+        ns: &TestNamespace,
+        instance_image: String,
+    ) -> anyhow::Result<Self> {
         let client = cluster.client_as_service_account(&home.name, OPERATOR_SA)?;
         let metrics = Arc::new(Metrics::default());
         // As the operator does: initial lists streamed where the API server supports it.
         let webapps: kube::Api<keelson::api::WebApp> = kube::Api::namespaced(client.clone(), &ns.name);
         let streaming_lists = keelson::runtime::cache::streaming_lists_supported(&webapps).await;
-        let ctx =
-            Context::new(client, metrics.clone(), Settings { instance_image: instance_image()?, streaming_lists });
+        let ctx = Context::new(client, metrics.clone(), Settings { instance_image, streaming_lists });
         let readiness = Readiness::default();
         let (stop, stop_rx) = watch::channel(false);
         let task =
