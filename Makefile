@@ -22,6 +22,15 @@ help: ## Show the targets
 build: ## Build the keelson binary
 	$(CARGO) build --bin keelson
 
+# Where `make install-plugin` links kubectl-keelson (a folder on your PATH).
+PLUGIN_DIR ?= $(HOME)/.local/bin
+
+.PHONY: install-plugin
+install-plugin: build ## Link the kubectl plugin (kubectl keelson …) into PLUGIN_DIR
+	@mkdir -p $(PLUGIN_DIR)
+	ln -sf $(abspath $(KEELSON)) $(PLUGIN_DIR)/kubectl-keelson
+	@echo "kubectl keelson --help   (PLUGIN_DIR=$(PLUGIN_DIR) must be on PATH)"
+
 .PHONY: manifests
 manifests: build ## Regenerate config/ (CRDs, RBAC, manager) from the Rust types
 	$(KEELSON) manifests write --root .

@@ -11,6 +11,7 @@ pub mod instance;
 pub mod manifests;
 pub mod mydatabase;
 pub mod operator;
+pub mod plugin;
 pub mod runtime;
 pub mod webapp;
 

@@ -33,6 +33,8 @@ struct Cli {
 enum Command {
     /// Run the WebApp and MyDatabase controllers against the current cluster.
     Run(keelson::operator::RunArgs),
+    /// Day-two commands (`kubectl keelson …` when installed as `kubectl-keelson`).
+    Ctl(keelson::plugin::PluginArgs),
     /// The instance manager of a MyDatabase pod (the operator starts it there).
     Instance {
         #[command(subcommand)]
@@ -95,13 +97,31 @@ fn main() -> ExitCode {
     }
 }
 
+/// Installed as `kubectl-keelson`, the binary is the kubectl plugin: `kubectl keelson status db`
+/// runs `kubectl-keelson status db`, which means `keelson ctl status db`.
+fn arguments() -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let invoked_as = args.first().and_then(|a| std::path::Path::new(a).file_name()).map(|n| n.to_os_string());
+    if invoked_as.is_some_and(|name| name.to_string_lossy().starts_with("kubectl-keelson")) {
+        args.insert(1, "ctl".into());
+    }
+    args
+}
+
 async fn run() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(arguments());
     match cli.command {
         Command::Run(args) => match keelson::operator::run(args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("keelson: {error}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Ctl(args) => match keelson::plugin::run(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("kubectl keelson: {error}");
                 ExitCode::FAILURE
             }
         },
@@ -151,7 +171,9 @@ async fn run() -> ExitCode {
             };
             match rendered {
                 Ok(text) => {
-                    print!("{text}");
+                    // A closed pipe (`| head`) ends the output, not the program with a panic.
+                    use std::io::Write as _;
+                    let _ = std::io::stdout().write_all(text.as_bytes());
                     ExitCode::SUCCESS
                 }
                 Err(error) => {

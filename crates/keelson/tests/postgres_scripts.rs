@@ -140,7 +140,9 @@ fn backup_restores_to_identical_data_and_a_failed_backup_exits_non_zero() -> any
     // The pod's termination message names the backup and its size, for the operator.
     let reported: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
     let size = std::fs::metadata(backups.join(&files[0]))?.len();
-    assert_eq!(reported, serde_json::json!({"name": files[0], "sizeBytes": size}));
+    // ... and lists every backup kept, newest first (here: the one).
+    let kept = serde_json::json!([{"name": files[0], "sizeBytes": size}]);
+    assert_eq!(reported, serde_json::json!({"name": files[0], "sizeBytes": size, "kept": kept}));
 
     // A new database from that backup: the backed-up rows, with the new database's own password.
     let restored_root = scratch.path.join("restored");
@@ -278,6 +280,11 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
     // The replica is read-only.
     assert!(replica.psql("app", APP_PASSWORD, "app", "INSERT INTO orders VALUES (9002, 'x', 1)").is_err());
 
+    // The clone streams with the password from its passfile: primary_conninfo (which the server
+    // logs whenever it changes) names the file, never the password.
+    let cloned = replica.psql_superuser("postgres", "SELECT current_setting('primary_conninfo')")?;
+    assert!(cloned.contains("passfile=") && !cloned.contains(REPLICATION_PASSWORD), "{cloned}");
+
     // Rotation: new passwords in the credentials folder reach the roles (primary) and the
     // streaming connection (replica), with no restart.
     let credentials = scratch.path.join("credentials");
@@ -312,8 +319,14 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
     assert!(refused.to_string().contains("pg_hba.conf rejects connection"), "{refused}");
     assert!(primary.psql("app", APP_PASSWORD, "app", "SELECT 1").is_err(), "the old password still logs in");
     apply(&replica)?;
+    // The replica reads the password from its passfile (never from primary_conninfo, which the
+    // server logs whenever it changes), and that file holds the new one.
     let conninfo = replica.psql_superuser("postgres", "SELECT current_setting('primary_conninfo')")?;
-    assert!(conninfo.contains("password=rotated-repl"), "the replica streams with the old password: {conninfo}");
+    assert!(conninfo.contains("passfile=") && !conninfo.contains("password"), "{conninfo}");
+    let passfile = replica.data.parent().map(|p| p.join("keelson-replication.pgpass")).unwrap_or_default();
+    assert_eq!(std::fs::read_to_string(&passfile)?, "*:*:*:replicator:rotated-repl\n");
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(std::fs::metadata(&passfile)?.permissions().mode() & 0o777, 0o600);
 
     // Readiness: both are ready while the replica streams; the replica is not once its primary is gone.
     let ready = |server: &Server| -> anyhow::Result<bool> {
@@ -363,6 +376,7 @@ fn a_holding_replica_stops_streaming_and_a_synchronous_primary_then_acknowledges
             ("PGHOST", server.socket_dir().to_string_lossy().into_owned()),
             ("PGPORT", server.port.to_string()),
             ("ORDERS_DIR", dir.to_string_lossy().into_owned()),
+            ("PGDATA", server.data.to_string_lossy().into_owned()),
             ("POD_NAME", pod.to_string()),
             ("PRIMARY_HOST", "127.0.0.1".to_string()),
             ("PRIMARY_PORT", primary.port.to_string()),

@@ -59,6 +59,19 @@ async fn tutorial_database_streams_to_two_replicas_and_serves_its_connection_sec
     })
     .await?;
 
+    // Three usable nodes for three instances: one per node, required.
+    let db = dbs.get("production-db").await?;
+    let spread = db.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "InstancesSpread")).cloned();
+    assert_eq!(spread.map(|c| (c.status, c.reason)), Some(("True".into(), "OneInstancePerNode".into())));
+    let pods = ns.api::<k8s_openapi::api::core::v1::Pod>();
+    let mut nodes = Vec::new();
+    for pod in ["production-db-0", "production-db-1", "production-db-2"] {
+        nodes.push(pods.get(pod).await?.spec.and_then(|s| s.node_name).unwrap_or_default());
+    }
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 3, "instances share a node: {nodes:?}");
+
     assert_eq!(sql_in(&ns, "production-db-0", "SELECT pg_is_in_recovery()")?, "f", "ordinal 0 is the primary");
     for replica in ["production-db-1", "production-db-2"] {
         assert_eq!(sql_in(&ns, replica, "SELECT pg_is_in_recovery()")?, "t", "{replica} is a replica");
@@ -351,8 +364,18 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
         let ns = &ns;
         move || async move {
             sql_in(ns, pod, "SELECT status FROM pg_stat_wal_receiver").is_ok_and(|s| s == "streaming")
-                && sql_in(ns, pod, "SELECT current_setting('primary_conninfo')")
-                    .is_ok_and(|c| c.contains("rotated-replication"))
+                && kubectl(&[
+                    "-n",
+                    &ns.name,
+                    "exec",
+                    pod,
+                    "-c",
+                    "postgres",
+                    "--",
+                    "cat",
+                    "/var/lib/postgresql/data/keelson-replication.pgpass",
+                ])
+                .is_ok_and(|c| c.contains("rotated-replication"))
         }
     };
     for (target, former) in [("small-db-1", "small-db-0"), ("small-db-0", "small-db-1")] {

@@ -17,6 +17,26 @@ impl DesiredCondition {
     }
 }
 
+/// On any Keelson object, `"true"`: Keelson reads it and writes its status,
+/// but changes none of its children (no apply, no failover) until removed.
+/// Deletion still runs its finalizer.
+pub const PAUSED_ANNOTATION: &str = "keelson.dev/paused";
+
+/// Whether `object` carries `PAUSED_ANNOTATION=true`.
+pub fn is_paused<K: kube::Resource>(object: &K) -> bool {
+    object.meta().annotations.as_ref().and_then(|a| a.get(PAUSED_ANNOTATION)).is_some_and(|v| v == "true")
+}
+
+/// The condition a paused object's status carries.
+pub fn paused() -> DesiredCondition {
+    DesiredCondition::new(
+        "Paused",
+        true,
+        "Annotated",
+        format!("{PAUSED_ANNOTATION}=true: Keelson changes none of its children; remove the annotation to resume"),
+    )
+}
+
 /// Builds the condition list for a new status from the previous one.
 ///
 /// `lastTransitionTime` moves only when a condition's status flips, so a

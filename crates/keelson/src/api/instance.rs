@@ -98,6 +98,10 @@ pub struct ReplicaReport {
     pub state: String,
     /// WAL the primary wrote that the replica has not replayed yet.
     pub lag_bytes: Option<i64>,
+    /// How long ago the newest WAL it replayed was written on the primary
+    /// (`replay_lag`), in milliseconds; none when it has replayed everything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_ms: Option<i64>,
 }
 
 impl InstanceReport {

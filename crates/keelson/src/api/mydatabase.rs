@@ -13,6 +13,10 @@ use super::{parameters, reference};
 /// `kubectl annotate mydatabase <name> db.keelson.dev/switchover-to=<pod>`:
 /// move the primary to that replica (removed once done or refused).
 pub const SWITCHOVER_ANNOTATION: &str = "db.keelson.dev/switchover-to";
+/// `kubectl annotate mydatabase <name> db.keelson.dev/backup-request=<token>`:
+/// a backup now, as the schedule's would run (`kubectl keelson backup`). Each
+/// new token is one backup; the token taken is `status.lastBackupRequest`.
+pub const BACKUP_REQUEST_ANNOTATION: &str = "db.keelson.dev/backup-request";
 /// Set by a person on a MyDatabase whose failover is blocked (replicas that
 /// may hold the last acknowledged commits do not answer): promote the best of
 /// those that did, accepting that those commits may be lost. Removed once used.
@@ -311,6 +315,14 @@ pub struct MyDatabaseStatus {
     /// Size in bytes of the newest successful backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup_size_bytes: Option<i64>,
+    /// The backups kept on the backups volume, newest first, as the newest
+    /// backup left them (after pruning by retention). Each was read back
+    /// (`pg_restore --list`) before it counted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backups: Vec<BackupRecord>,
+    /// The last `db.keelson.dev/backup-request` token taken (its Job started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup_request: Option<String>,
     /// The pod Keelson chose as primary. A change of primary is recorded here
     /// before any instance is told (the pods' role labels follow it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -341,6 +353,20 @@ pub struct MyDatabaseStatus {
 }
 
 /// A failover or switchover, as Keelson decided it.
+/// One backup kept on the backups volume.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRecord {
+    /// The dump's file name, e.g. `app-20261206T144737Z.dump`.
+    pub name: String,
+    /// When it was taken (from its name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Time>,
+    pub size_bytes: i64,
+    /// Read back completely when it was taken.
+    pub verified: bool,
+}
+
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailoverRecord {
@@ -383,6 +409,9 @@ pub struct InstanceStatus {
     /// A replica: WAL its primary wrote that it has not replayed, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag_bytes: Option<i64>,
+    /// A replica: how far behind it replays, in seconds (`replay_lag`; 0 when caught up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<String>,
     /// The WAL timeline it is on (one more after each promotion).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<i64>,

@@ -18,6 +18,7 @@
 //! the position request of a failover, which it answers at once.
 
 pub mod lease;
+pub mod metrics;
 pub mod probe;
 pub mod upgrade;
 
@@ -261,6 +262,8 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
     // often until it has, so that the final position reaches the operator at once.
     let mut final_position = false;
     let mut seen_orders = Orders::default();
+    // PostgreSQL's metrics for Prometheus, beside the reports (`metrics`).
+    let _metrics = AbortOnDrop(tokio::spawn(metrics::serve(server.clone())));
     let lease = Arc::new(Mutex::new(Lease::new(Instant::now())));
     let fence = tokio::spawn(watch_fence(lease.clone(), args.orders_dir.clone()));
     let _fence = AbortOnDrop(fence);
@@ -469,7 +472,12 @@ mod tests {
             received_lsn: None,
             streaming: false,
             answering: None,
-            replicas: vec![ReplicaReport { name: "db-1".into(), state: "streaming".into(), lag_bytes: Some(lag) }],
+            replicas: vec![ReplicaReport {
+                name: "db-1".into(),
+                state: "streaming".into(),
+                lag_bytes: Some(lag),
+                lag_ms: None,
+            }],
             unresponsive: false,
             held: false,
         }

@@ -32,7 +32,9 @@ SELECT json_build_object(
   'replicas', (SELECT coalesce(json_agg(json_build_object(
        'name', application_name,
        'state', state,
-       'lagBytes', pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint) ORDER BY application_name), '[]')
+       'lagBytes', pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint,
+       -- NULL once a replica has replayed everything and no new WAL came.
+       'lagMs', (extract(epoch FROM replay_lag) * 1000)::bigint) ORDER BY application_name), '[]')
      FROM pg_stat_replication)
 )"#;
 
@@ -111,10 +113,15 @@ impl Server {
     }
 
     pub async fn probe(&self, timeout: Duration) -> Result<InstanceReport, ProbeError> {
+        parse(&self.query(QUERY, timeout).await?)
+    }
+
+    /// The answer to `sql` (one value, unaligned), as the superuser over the socket, within `timeout`.
+    pub async fn query(&self, sql: &str, timeout: Duration) -> Result<String, ProbeError> {
         let mut command = Command::new(self.psql());
         command
             .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "postgres"])
-            .args(["-h", &self.socket_dir, "-p", &self.port.to_string(), "-c", QUERY])
+            .args(["-h", &self.socket_dir, "-p", &self.port.to_string(), "-c", sql])
             .env("PGCONNECT_TIMEOUT", "2")
             .kill_on_drop(true);
         let output = tokio::time::timeout(timeout, command.output())
@@ -124,7 +131,7 @@ impl Server {
         if !output.status.success() {
             return Err(ProbeError::Failed(String::from_utf8_lossy(&output.stderr).trim().to_string()));
         }
-        parse(&String::from_utf8_lossy(&output.stdout))
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 }
 

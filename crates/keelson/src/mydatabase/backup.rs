@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::Resource;
+use kube::{Resource, ResourceExt};
 
 use super::credentials::PASSWORD_KEY;
 use super::names::{self, APP_DB, APP_USER, PORT};
@@ -137,6 +137,20 @@ pub fn cronjob(db: &MyDatabase, verify_server: bool) -> Result<Option<CronJob>> 
     }))
 }
 
+/// The Job of a backup requested now (`BACKUP_REQUEST_ANNOTATION`), as the
+/// CronJob would run it; removed a day after it ends.
+pub fn requested_job(db: &MyDatabase, token: &str, verify_server: bool) -> Result<Option<Job>> {
+    let Some(backup) = &db.spec.backup else { return Ok(None) };
+    Ok(Some(Job {
+        metadata: names::owned_meta(db, names::requested_backup_job(&db.name_any(), token), "backup")?,
+        spec: Some(JobSpec {
+            ttl_seconds_after_finished: Some(24 * 3600),
+            ..job_spec(db, &backup.retention, verify_server)
+        }),
+        ..Default::default()
+    }))
+}
+
 /// The last backup before the data volumes go (Snapshot deletion policy).
 /// Owned by the backups volume, not the MyDatabase: its record lasts as
 /// long as the backup it took.
@@ -175,6 +189,18 @@ mod tests {
         assert_eq!(sslmode.as_deref(), Some("verify-full"), "a backup verifies the server as applications do");
         let claim = pod.volumes.expect("volumes")[0].persistent_volume_claim.clone().expect("pvc");
         assert_eq!(claim.claim_name, "production-db-backups");
+    }
+
+    #[test]
+    fn a_requested_backup_runs_as_the_cronjob_would_and_is_named_by_its_request() {
+        let job = requested_job(&sample(), "20261206T160000Z", true).expect("builds").expect("backup configured");
+        let name = job.metadata.name.clone().expect("name");
+        assert_eq!(name, names::requested_backup_job("production-db", "20261206T160000Z"));
+        assert_ne!(name, names::requested_backup_job("production-db", "20261206T160001Z"));
+        let scheduled = cronjob(&sample(), true).expect("builds").expect("backup configured");
+        let spec = job.spec.expect("spec");
+        assert_eq!(Some(spec.template), scheduled.spec.job_template.spec.map(|s| s.template));
+        assert_eq!(spec.ttl_seconds_after_finished, Some(86400));
     }
 
     #[test]

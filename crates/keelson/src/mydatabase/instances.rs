@@ -30,9 +30,11 @@ pub fn observe(pods: &[Pod]) -> Topology {
         .filter(|(pod, _)| pod.metadata.deletion_timestamp.is_none())
         .filter_map(|(pod, report)| Some((*pod, report.as_ref().filter(|r| r.role == Role::Primary)?)))
         .max_by_key(|(_, report)| report.timeline);
-    let lag_of = |name: &str| {
-        primary.and_then(|(_, report)| report.replicas.iter().find(|r| r.name == name).and_then(|r| r.lag_bytes))
-    };
+    let replica_of = |name: &str| primary.and_then(|(_, report)| report.replicas.iter().find(|r| r.name == name));
+    let lag_of = |name: &str| replica_of(name).and_then(|r| r.lag_bytes);
+    // Seconds with a millisecond's precision, as a string: status holds no floats.
+    let lag_seconds_of =
+        |name: &str| replica_of(name).map(|r| format!("{:.3}", r.lag_ms.unwrap_or(0).max(0) as f64 / 1000.0));
     let mut instances: Vec<InstanceStatus> = reports
         .iter()
         .map(|(pod, report)| InstanceStatus {
@@ -41,6 +43,10 @@ pub fn observe(pods: &[Pod]) -> Topology {
             ready: pods::is_ready(pod),
             lag_bytes: match report {
                 Some(r) if r.role == Role::Replica => lag_of(&pod.name_any()),
+                _ => None,
+            },
+            lag_seconds: match report {
+                Some(r) if r.role == Role::Replica => lag_seconds_of(&pod.name_any()),
                 _ => None,
             },
             timeline: report.as_ref().map(|r| r.timeline),
@@ -88,7 +94,12 @@ mod tests {
             received_lsn: None,
             streaming: false,
             answering: None,
-            replicas: vec![ReplicaReport { name: "db-1".into(), state: "streaming".into(), lag_bytes: Some(4096) }],
+            replicas: vec![ReplicaReport {
+                name: "db-1".into(),
+                state: "streaming".into(),
+                lag_bytes: Some(4096),
+                lag_ms: Some(1500),
+            }],
             unresponsive: false,
             held: false,
         }
@@ -116,6 +127,8 @@ mod tests {
                 ("db-2", Some(Role::Replica), None)
             ]
         );
+        let seconds: Vec<_> = topology.instances.iter().map(|i| i.lag_seconds.as_deref()).collect();
+        assert_eq!(seconds, [None, Some("1.500"), None], "seconds from the primary's replay_lag");
         assert!(!topology.instances[2].ready);
     }
 

@@ -19,6 +19,8 @@ pub const SCRIPT: &str = "keelson-postgres.sh";
 const HEADLESS: &str = "-headless";
 const BACKUP: &str = "-backup";
 const FINAL_BACKUP: &str = "-final-backup";
+/// A requested backup's Job: `<name>-backup-<10 hex digits>` (the CronJob's have 8 decimal digits).
+const REQUESTED_BACKUP: &str = "-backup-0123456789";
 
 /// Names that grow with the MyDatabase's: the admission limit on its name comes from these.
 pub const DERIVED_NAMES: &[DerivedName] = &[
@@ -28,12 +30,24 @@ pub const DERIVED_NAMES: &[DerivedName] = &[
     // The CronJob controller appends an 11-character time to name its Jobs.
     DerivedName { suffix: BACKUP, added_by_kubernetes: 0, limit: 52, what: "a CronJob name" },
     DerivedName {
+        suffix: REQUESTED_BACKUP,
+        added_by_kubernetes: 0,
+        limit: 63,
+        what: "a requested backup's job-name label",
+    },
+    DerivedName {
         suffix: FINAL_BACKUP,
         added_by_kubernetes: 0,
         limit: 63,
         what: "the final backup Job's job-name label",
     },
 ];
+
+/// The Job of the backup requested with `token` (`db.keelson.dev/backup-request`) of database `db`.
+pub fn requested_backup_job(db: &str, token: &str) -> String {
+    let hash = crate::runtime::drift::content_hash(&token, "backup request").unwrap_or_default();
+    format!("{db}-backup-{}", &hash[..10.min(hash.len())])
+}
 
 pub fn statefulset(db: &MyDatabase) -> String {
     db.name_any()

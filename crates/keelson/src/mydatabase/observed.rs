@@ -77,6 +77,8 @@ pub struct Observed {
     pub failover_blocked: Option<String>,
     /// When the primary's lease expires unless renewed (set by apply).
     pub lease_expires_in: Option<std::time::Duration>,
+    /// The backup request whose Job exists (set by apply).
+    pub backup_request: Option<String>,
     /// Why a new operator's pod template waits (set by apply).
     pub restart_pending: Option<String>,
     /// The instance managers against this operator's image (set by apply).
@@ -181,6 +183,7 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
         lease_expires_in: None,
         restart_pending: None,
         managers: None,
+        backup_request: None,
     })
 }
 

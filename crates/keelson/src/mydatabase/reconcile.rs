@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
@@ -33,7 +33,8 @@ use crate::api::instance::{
     UPSTREAM_SSLMODE,
 };
 use crate::api::mydatabase::{
-    FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase, MyDatabaseStatus, SWITCHOVER_ANNOTATION,
+    BACKUP_REQUEST_ANNOTATION, FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase, MyDatabaseStatus,
+    SWITCHOVER_ANNOTATION,
 };
 use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler, Settings};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -126,6 +127,8 @@ pub struct Desired {
     statefulset: Template,
     disruption_budgets: pdb::Budgets,
     backup_cron_job: Option<CronJob>,
+    /// A backup requested now and not yet taken: its token and Job.
+    requested_backup: Option<(String, Job)>,
 }
 
 impl Reconciler for MyDatabaseReconciler {
@@ -188,11 +191,23 @@ impl Reconciler for MyDatabaseReconciler {
             )?,
             disruption_budgets: pdb::build(db)?,
             backup_cron_job: backup::cronjob(db, verify_server)?,
+            requested_backup: match db.annotations().get(BACKUP_REQUEST_ANNOTATION) {
+                Some(token) if db.status.as_ref().and_then(|s| s.last_backup_request.as_ref()) != Some(token) => {
+                    backup::requested_job(db, token, verify_server)?.map(|job| (token.clone(), job))
+                }
+                _ => None,
+            },
         })
     }
 
     async fn apply(&self, db: &MyDatabase, observed: Observed, desired: Desired, applier: &Applier<'_>) -> Observed {
         let caches = &self.caches;
+        // Figures from status as series (also after an operator restart, when status does not change).
+        if let Some(status) = &db.status {
+            let finished_at = status.last_backup_time.as_ref().map(|t| t.0.as_second());
+            let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+            self.ctx.metrics.record_backup(&namespace, &name, finished_at, status.last_backup_size_bytes);
+        }
         let name = names::statefulset(db);
         // The replication password first: once it has its own Secret, the credentials may drop it.
         let replication = applier.apply(&caches.secrets, desired.replication).await;
@@ -287,6 +302,16 @@ impl Reconciler for MyDatabaseReconciler {
             }
             false => observed.backup_cron_job.clone(),
         };
+        // A backup requested now: its Job once (a finished one is removed after a day; the token
+        // taken stays in status, so it is not run again).
+        let backup_request = match desired.requested_backup {
+            Some((token, job)) if secrets_ours && backup_cron_job.is_some() => {
+                let name = job.metadata.name.clone().unwrap_or_default();
+                let exists = observed.backup_jobs.iter().any(|j| j.name_any() == name);
+                (exists || applier.apply(&caches.jobs, job).await.is_some()).then_some(token)
+            }
+            _ => None,
+        };
         let (primary, mut failover_pending) = self.elect_primary(db, &observed, applier).await;
         if !failover_pending {
             failover_pending = self.move_primary(db, &observed, statefulset.as_ref(), &primary, applier).await;
@@ -326,6 +351,7 @@ impl Reconciler for MyDatabaseReconciler {
             lease_expires_in,
             restart_pending,
             managers,
+            backup_request,
             ..observed
         }
     }
@@ -357,6 +383,8 @@ impl Reconciler for MyDatabaseReconciler {
     /// Logs phase changes; publishes BackupFailed once per failed Job.
     async fn announce(&self, db: &MyDatabase, new: &MyDatabaseStatus, _outcome: &Outcome) {
         let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        let finished_at = new.last_backup_time.as_ref().map(|t| t.0.as_second());
+        self.ctx.metrics.record_backup(&namespace, &name, finished_at, new.last_backup_size_bytes);
         if db.status.as_ref().and_then(|s| s.phase) != new.phase {
             tracing::info!(namespace, name, phase = ?new.phase, ready = new.ready_replicas, "MyDatabase phase changed");
         }
@@ -377,6 +405,7 @@ impl Reconciler for MyDatabaseReconciler {
 
     async fn clean_up(&self, db: &MyDatabase, observed: &Observed, applier: &Applier<'_>) {
         self.primaries.lock().unwrap_or_else(|p| p.into_inner()).remove(&key(db));
+        self.ctx.metrics.forget_database(&db.namespace().unwrap_or_default(), &db.name_any());
         deletion::clean_up(db, observed, &self.caches, &self.ctx, applier).await;
     }
 }

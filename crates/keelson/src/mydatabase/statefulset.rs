@@ -294,6 +294,12 @@ fn instance_manager(db: &MyDatabase, settings: &Settings) -> (Container, Contain
     let run = Container {
         name: MANAGER_CONTAINER.into(),
         image: Some(image(db)),
+        // PostgreSQL's metrics (`instance::metrics`), for a PodMonitor.
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: i32::from(crate::instance::metrics::PORT),
+            ..Default::default()
+        }]),
         command: Some(vec![format!("{MANAGER_DIR}/keelson"), "instance".into(), "run".into()]),
         env: Some(vec![
             meta::field_env("POD_NAME", "metadata.name"),
@@ -538,8 +544,8 @@ mod tests {
         assert_eq!(container.image.as_deref(), Some("postgres:15.2"));
         let probe = container.readiness_probe.as_ref().and_then(|p| p.exec.as_ref()).and_then(|e| e.command.clone());
         assert_eq!(probe.expect("probe")[1..], ["/scripts/keelson-postgres.sh".to_string(), "ready".to_string()]);
-        let anti = pod.affinity.as_ref().and_then(|a| a.pod_anti_affinity.as_ref()).expect("anti-affinity");
-        assert!(anti.preferred_during_scheduling_ignored_during_execution.is_some());
+        let spread = pod.topology_spread_constraints.as_ref().expect("spread over nodes");
+        assert_eq!(spread[0].topology_key, "kubernetes.io/hostname");
         let env = container.env.as_ref().expect("env");
         // Passwords come from the mounted Secrets' files, never the environment.
         assert!(!env.iter().any(|e| e.name.contains("PASSWORD")), "{env:?}");

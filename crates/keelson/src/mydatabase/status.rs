@@ -12,7 +12,7 @@ use super::restore::Progress;
 use super::statefulset::TemplateChange;
 use super::upgrade::Managers;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
-use crate::api::mydatabase::{DatabasePhase, MyDatabase, MyDatabaseStatus};
+use crate::api::mydatabase::{BackupRecord, DatabasePhase, MyDatabase, MyDatabaseStatus};
 use crate::runtime::jobs::job_finished;
 use crate::runtime::{Outcome, pods};
 
@@ -32,6 +32,27 @@ pub struct Backups {
 pub struct BackupReport {
     pub name: String,
     pub size_bytes: i64,
+    /// Every backup on the volume after pruning, newest first (at most 40).
+    #[serde(default)]
+    pub kept: Vec<KeptBackup>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeptBackup {
+    pub name: String,
+    pub size_bytes: i64,
+}
+
+/// A kept backup as status lists it; its time comes from its name (`app-20261206T144737Z.dump`).
+fn backup_record(kept: &KeptBackup) -> BackupRecord {
+    let stamp = kept.name.strip_suffix(".dump").and_then(|n| n.rsplit('-').next()).unwrap_or_default();
+    let time = chrono::NaiveDateTime::parse_from_str(stamp, "%Y%m%dT%H%M%SZ")
+        .ok()
+        .and_then(|t| k8s_openapi::jiff::Timestamp::from_second(t.and_utc().timestamp()).ok())
+        .map(Time);
+    // Only a dump that was read back is renamed into place (`keelson-postgres.sh backup`).
+    BackupRecord { name: kept.name.clone(), time, size_bytes: kept.size_bytes, verified: true }
 }
 
 /// The report of the succeeded pod of Job `job`, if it left one.
@@ -208,6 +229,12 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
     if let Some(blocked) = &observed.failover_blocked {
         conditions.push(DesiredCondition::new("FailoverBlocked", true, "QuorumNotReached", blocked.clone()));
     }
+    if let Some(spread) = super::placement::spread_condition(&observed.pods) {
+        conditions.push(spread);
+    }
+    if outcome.paused {
+        conditions.push(crate::api::conditions::paused());
+    }
     if let Some(pending) = &observed.restart_pending {
         conditions.push(DesiredCondition::new("RestartPending", true, "OperatorUpgrade", pending.clone()));
     }
@@ -262,6 +289,14 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
             .as_ref()
             .map(|r| r.size_bytes)
             .or_else(|| previous.and_then(|s| s.last_backup_size_bytes)),
+        backups: match report.as_ref().filter(|r| !r.kept.is_empty()) {
+            Some(report) => report.kept.iter().map(backup_record).collect(),
+            None => previous.map(|s| s.backups.clone()).unwrap_or_default(),
+        },
+        last_backup_request: observed
+            .backup_request
+            .clone()
+            .or_else(|| previous.and_then(|s| s.last_backup_request.clone())),
         // Keelson's choice; kept as it was when no apply ran (invalid spec, deletion).
         current_primary: observed.primary.clone().or_else(|| previous.and_then(|s| s.current_primary.clone())),
         current_primary_uid: match &observed.primary {
@@ -462,18 +497,28 @@ mod tests {
         let pods = vec![
             backup_pod("b-1", 0, r#"{"name":"app-1.dump","sizeBytes":10}"#),
             backup_pod("b-2", 1, "crashed"),
-            backup_pod("b-2", 0, r#"{"name":"app-2.dump","sizeBytes":2048}"#),
+            backup_pod(
+                "b-2",
+                0,
+                r#"{"name":"app-20261206T144737Z.dump","sizeBytes":2048,"kept":[
+                    {"name":"app-20261206T144737Z.dump","sizeBytes":2048},{"name":"app-20261205T020000Z.dump","sizeBytes":9}]}"#,
+            ),
         ];
         let s = sts(3, 3);
         let with_pods = Observed { backup_jobs: jobs, backup_pods: pods, ..observed(Some(&s)) };
         let status = compute(&sample(), &with_pods, &none(), &at(0));
-        assert_eq!(status.last_backup_name.as_deref(), Some("app-2.dump"));
+        assert_eq!(status.last_backup_name.as_deref(), Some("app-20261206T144737Z.dump"));
         assert_eq!(status.last_backup_size_bytes, Some(2048));
+        let listed: Vec<_> = status.backups.iter().map(|b| (b.name.as_str(), b.size_bytes, b.verified)).collect();
+        assert_eq!(listed, [("app-20261206T144737Z.dump", 2048, true), ("app-20261205T020000Z.dump", 9, true)]);
+        let taken = status.backups[1].time.as_ref().map(|t| t.0.to_string());
+        assert_eq!(taken.as_deref(), Some("2026-12-05T02:00:00Z"));
         // Once the Job's pods are gone, the last known backup stays in status.
         let mut db = sample();
         db.status = Some(status);
         let later = compute(&db, &Observed { backup_jobs: vec![], ..observed(Some(&s)) }, &none(), &at(0));
-        assert_eq!(later.last_backup_name.as_deref(), Some("app-2.dump"));
+        assert_eq!(later.last_backup_name.as_deref(), Some("app-20261206T144737Z.dump"));
+        assert_eq!(later.backups.len(), 2, "the list stays too");
     }
 
     #[test]

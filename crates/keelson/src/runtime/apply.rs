@@ -98,6 +98,11 @@ impl<'a> Applier<'a> {
         self.record(|o| o.failures.push(failure));
     }
 
+    /// Records that the object is paused; nothing is applied.
+    pub fn pause(&self) {
+        self.record(|o| o.paused = true);
+    }
+
     /// Records a spec only the reconciler can reject; nothing is applied.
     pub fn invalid(&self, invalid: Invalid) {
         self.record(|o| o.invalid = Some(invalid));

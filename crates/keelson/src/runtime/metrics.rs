@@ -41,6 +41,14 @@ pub struct ChildWriteLabels {
     pub action: &'static str,
 }
 
+/// One MyDatabase, for the figures read from its status. Not `namespace`: a
+/// ServiceMonitor sets that to the operator's own.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DatabaseLabels {
+    pub database_namespace: String,
+    pub database: String,
+}
+
 /// Every metric Keelson exports.
 pub struct Metrics {
     pub registry: Registry,
@@ -54,6 +62,9 @@ pub struct Metrics {
     pub status_writes: Family<ControllerLabels, Counter>,
     pub http_requests: Family<HttpLabels, Counter>,
     pub leader: Gauge,
+    /// From each MyDatabase's status: when its newest backup finished, and its size.
+    pub last_backup_timestamp: Family<DatabaseLabels, Gauge>,
+    pub last_backup_size: Family<DatabaseLabels, Gauge>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -114,6 +125,18 @@ impl Default for Metrics {
             "1 while this instance holds the leader lease (or runs without leader election)",
             leader.clone(),
         );
+        let last_backup_timestamp = Family::<DatabaseLabels, Gauge>::default();
+        let last_backup_size = Family::<DatabaseLabels, Gauge>::default();
+        registry.register(
+            "mydatabase_last_backup_timestamp_seconds",
+            "When a MyDatabase's newest successful backup finished (Unix time)",
+            last_backup_timestamp.clone(),
+        );
+        registry.register(
+            "mydatabase_last_backup_size_bytes",
+            "Size of a MyDatabase's newest successful backup",
+            last_backup_size.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -126,11 +149,31 @@ impl Default for Metrics {
             status_writes,
             http_requests,
             leader,
+            last_backup_timestamp,
+            last_backup_size,
         }
     }
 }
 
 impl Metrics {
+    /// A MyDatabase's newest backup, from its status (none yet: no series).
+    pub fn record_backup(&self, namespace: &str, name: &str, finished_at: Option<i64>, size_bytes: Option<i64>) {
+        let labels = DatabaseLabels { database_namespace: namespace.into(), database: name.into() };
+        if let Some(at) = finished_at {
+            self.last_backup_timestamp.get_or_create(&labels).set(at);
+        }
+        if let Some(size) = size_bytes {
+            self.last_backup_size.get_or_create(&labels).set(size);
+        }
+    }
+
+    /// A MyDatabase that is gone: its series go too.
+    pub fn forget_database(&self, namespace: &str, name: &str) {
+        let labels = DatabaseLabels { database_namespace: namespace.into(), database: name.into() };
+        self.last_backup_timestamp.remove(&labels);
+        self.last_backup_size.remove(&labels);
+    }
+
     /// Renders the registry in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();

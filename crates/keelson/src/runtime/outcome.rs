@@ -67,6 +67,8 @@ pub struct Outcome {
     pub waiting: Vec<String>,
     /// Look again after this, though nothing may change meanwhile.
     pub recheck: Option<Duration>,
+    /// The object is paused (`api::conditions::PAUSED_ANNOTATION`): nothing was applied.
+    pub paused: bool,
 }
 
 impl Outcome {

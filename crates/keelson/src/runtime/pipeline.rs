@@ -128,6 +128,11 @@ pub async fn reconcile<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>
 
     let observed = reconciler.read(&object).await?; // 1. read
     let observed = match R::validate(&object, &observed) {
+        // Paused: read and report, change nothing.
+        _ if crate::api::conditions::is_paused(&*object) => {
+            applier.pause();
+            observed
+        }
         // 2. validate
         Err(invalid) => {
             applier.invalid(invalid);

@@ -84,7 +84,10 @@ pub fn compute(app: &WebApp, observed_children: &Observed, outcome: &Outcome, no
         observed_generation: generation,
         conditions: merge_conditions(
             previous,
-            &[ready_condition, available_condition, progressing_condition, degraded_condition],
+            &[ready_condition, available_condition, progressing_condition, degraded_condition]
+                .into_iter()
+                .chain(outcome.paused.then(crate::api::conditions::paused))
+                .collect::<Vec<_>>(),
             generation,
             now,
         ),

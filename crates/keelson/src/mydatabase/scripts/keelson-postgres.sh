@@ -273,8 +273,10 @@ init_replica() {
   log "cloning the primary with pg_basebackup"
   mkdir -p "$PGDATA"; chmod 700 "$PGDATA"
   # -R writes these options into primary_conninfo too (no application_name:
-  # the clone's stream must not count as a synchronous standby).
-  PGPASSWORD="$(replication_password)" "$(bin pg_basebackup)" -d "$(upstream_options)" -h "$upstream" -p "$PRIMARY_PORT" \
+  # the clone's stream must not count as a synchronous standby), and the
+  # passfile's name, not the password (see write_replication_passfile).
+  write_replication_passfile
+  PGPASSFILE="$(replication_passfile)" "$(bin pg_basebackup)" -d "$(upstream_options)" -h "$upstream" -p "$PRIMARY_PORT" \
     -U "$REPLICATION_USER" -D "$PGDATA" -X stream -R --checkpoint=fast
   log "replica initialised; it streams from $upstream"
 }
@@ -301,7 +303,8 @@ rejoin() {
   wait_for_replication_login "$source"
   PGPASSWORD="$(replication_password)" "$(bin psql)" -X -q -d "$source" -c CHECKPOINT 2>/dev/null \
     || log "could not ask $upstream for a checkpoint"
-  if output="$(PGPASSWORD="$(replication_password)" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
+  write_replication_passfile
+  if output="$(PGPASSFILE="$(replication_passfile)" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
       --write-recovery-conf 2>&1)"; then
     sed 's/^/pg_rewind: /' <<<"$output" >&2
     if [[ "$stalled" == 1 && "$output" == *"no rewind required"* ]]; then
@@ -587,14 +590,31 @@ SQL
 # The replication password: the mounted Secret's (it follows rotation), else the environment's.
 replication_password() { secret_file replication-password "${REPLICATION_PASSWORD:-}"; }
 
+# The replication password as the WAL receiver reads it: a passfile beside the
+# data folder (0600), named by primary_conninfo's passfile=, never its
+# password=: the server logs every new primary_conninfo in full. Read at each
+# connection, so a rotated password is taken at the next one, without cutting
+# the stream that runs.
+replication_passfile() { echo "$(dirname "$PGDATA")/keelson-replication.pgpass"; }
+write_replication_passfile() {
+  local file escaped line
+  need PGDATA
+  file="$(replication_passfile)" escaped="$(replication_password)"
+  escaped="${escaped//\\/\\\\}" escaped="${escaped//:/\\:}"
+  line="*:*:*:$REPLICATION_USER:$escaped"
+  [[ -f "$file" && "$(cat "$file")" == "$line" ]] && return 0
+  ( umask 077; printf '%s\n' "$line" > "$file.partial" ) && mv "$file.partial" "$file"
+}
+
 # Streams from HOST from now on (the WAL receiver reconnects on reload).
 follow() {
   local host="$1" conninfo
   # Held for a failover: no streaming until the operator lifts the hold (a
   # credentials change or a reconnect must not undo it).
   if [[ -n "${ORDERS_DIR:-}" && -s "$ORDERS_DIR/hold" ]]; then log "held for a failover: not following $host yet"; return 1; fi
-  conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica} $(upstream_options)"
-  conninfo+=" password=$(replication_password)"
+  write_replication_passfile || { log "could not write the replication passfile"; return 1; }
+  conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica}"
+  conninfo+=" passfile=$(replication_passfile) $(upstream_options)"
   printf 'ALTER SYSTEM SET primary_conninfo = %s;\nSELECT pg_reload_conf();\n' "$(sql_literal "$conninfo")" \
     | env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
       -d postgres -v ON_ERROR_STOP=1 >/dev/null || { log "could not follow $host"; return 1; }
@@ -697,11 +717,13 @@ apply_credentials() {
       printf 'COMMIT;\n'
     } | "${sql[@]}" || return 1
   else
-    local password conninfo host
-    password="$(cat "$dir/replication-password")"
-    # Unchanged (as pg_basebackup -R wrote it): reconnecting would only interrupt streaming.
+    local conninfo host
+    # The new password for the next connection; the stream that runs goes on.
+    write_replication_passfile || return 1
     conninfo="$("${sql[@]}" -c "SELECT current_setting('primary_conninfo')")" || return 1
-    [[ " $conninfo " == *" password=$password "* || " $conninfo " == *" password='$password' "* ]] && return 0
+    # Already reading the passfile. Otherwise (as pg_basebackup -R or pg_rewind wrote it, with
+    # the password in it): once, to the passfile.
+    [[ "$conninfo" == *"passfile="* ]] && return 0
     host="$("${sql[@]}" -c "SELECT substring(current_setting('primary_conninfo') from 'host=''?([^'' ]+)')")" || return 1
     follow "${host:-$(upstream_host)}" || return 1
   fi
@@ -795,8 +817,19 @@ backup() {
   mv "$target.partial" "$target"
   local size; size="$(stat -c %s "$target")"
   log "backup complete and verified: $(basename "$target"), $size bytes"
-  report "$(printf '{"name":"%s","sizeBytes":%s}' "$(basename "$target")" "$size")"
   prune
+  report "$(printf '{"name":"%s","sizeBytes":%s,"kept":%s}' "$(basename "$target")" "$size" "$(kept_backups)")"
+}
+
+# The backups on the volume, newest first, as JSON for status (at most 40: a
+# termination message holds 4 KiB).
+kept_backups() {
+  local file out="" size
+  while IFS= read -r file; do
+    size="$(stat -c %s "$BACKUP_DIR/$file")" || continue
+    out+="${out:+,}$(printf '{"name":"%s","sizeBytes":%s}' "$file" "$size")"
+  done < <(find "$BACKUP_DIR" -maxdepth 1 -name "*.dump" -printf '%f\n' | sort -r | head -n 40)
+  printf '[%s]' "$out"
 }
 
 restore() {
