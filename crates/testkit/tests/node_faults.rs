@@ -141,7 +141,12 @@ async fn a_partitioned_node_then_a_powered_off_node() -> anyhow::Result<()> {
     let ip = pod_ip(&isolated)?;
     let served = format!("served-by-{FAULTY}");
     ensure!(fetch_in_pod(&ns, "watcher", &ip)? == served, "the other node cannot reach the pod before the fault");
-    // A process of the server's container (not of the pod's sandbox): it sees /tmp/beat.
+    // A process of the server's container (not of the pod's sandbox): it sees /tmp/beat, once its
+    // loop has written it (a moment after the container started).
+    eventually(Duration::from_secs(30), "a process of the pod's container with its heartbeat", || async {
+        pod_processes(&isolated).into_iter().any(|pid| heartbeat(pid).is_some())
+    })
+    .await?;
     let pid = pod_processes(&isolated)
         .into_iter()
         .find(|pid| heartbeat(*pid).is_some())

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::context::Context;
 use super::health::Readiness;
-use super::metrics::{ControllerLabels, ErrorLabels};
+use super::metrics::{ControllerLabels, ErrorLabels, ResultLabels};
 use super::permissions::Permission;
 use super::pipeline::{self, Reconciler};
 use crate::{Error, Result};
@@ -86,6 +86,7 @@ pub async fn drive<R: Reconciler>(
     shutdown: watch::Receiver<bool>,
 ) {
     tokio::spawn(notify_when_synced(store.clone(), on_synced));
+    let reconciler_metrics = reconciler.context().metrics.clone();
     let forgetting = reconciler.clone();
     let gone = move |object: &ObjectRef<R::Object>| {
         forgetting.context().forget_object(
@@ -112,8 +113,36 @@ pub async fn drive<R: Reconciler>(
             })
         },
         gone,
+        QueueMetrics::of::<R>(&reconciler_metrics),
     )
     .await;
+}
+
+/// A controller's queue, as metrics (controller-runtime's `workqueue_depth` and
+/// `workqueue_queue_duration_seconds`).
+struct QueueMetrics {
+    depth: prometheus_client::metrics::gauge::Gauge,
+    wait: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl QueueMetrics {
+    fn of<R: Reconciler>(metrics: &super::Metrics) -> Self {
+        let labels = ControllerLabels { controller: R::CONTROLLER };
+        Self {
+            depth: metrics.queue_depth.get_or_create(&labels).clone(),
+            wait: metrics.queue_wait.get_or_create(&labels).clone(),
+        }
+    }
+}
+
+impl queue::Observe for QueueMetrics {
+    fn depth(&self, ready: usize) {
+        self.depth.set(i64::try_from(ready).unwrap_or(i64::MAX));
+    }
+
+    fn waited(&self, waited: Duration) {
+        self.wait.observe(waited.as_secs_f64());
+    }
 }
 
 /// The longest one reconcile may take.
@@ -139,6 +168,12 @@ async fn instrumented<R: Reconciler>(object: Arc<R::Object>, reconciler: Arc<R>)
     };
     metrics.reconcile_duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     in_flight.dec();
+    let outcome = match &result {
+        Ok(action) if action.requeues() => "requeue",
+        Ok(_) => "success",
+        Err(_) => "error",
+    };
+    metrics.reconcile_results.get_or_create(&ResultLabels { controller: R::CONTROLLER, result: outcome }).inc();
     match &result {
         Ok(_) => reconciler.context().backoff.reset(&key),
         Err(error) => {

@@ -19,6 +19,13 @@ pub struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub controller: &'static str,
+    /// `success`, `requeue` (it asked to look again later) or `error`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DriftLabels {
     pub kind: String,
     pub field: String,
@@ -54,6 +61,9 @@ pub struct Metrics {
     pub registry: Registry,
     pub reconciles: Family<ControllerLabels, Counter>,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub reconcile_results: Family<ResultLabels, Counter>,
+    pub queue_depth: Family<ControllerLabels, Gauge>,
+    pub queue_wait: Family<ControllerLabels, Histogram>,
     pub reconcile_duration: Family<ControllerLabels, Histogram>,
     pub reconciles_in_flight: Family<ControllerLabels, Gauge>,
     pub drift_corrections: Family<DriftLabels, Counter>,
@@ -125,6 +135,27 @@ impl Default for Metrics {
             "1 while this instance holds the leader lease (or runs without leader election)",
             leader.clone(),
         );
+        let reconcile_results = Family::<ResultLabels, Counter>::default();
+        registry.register("reconcile_results", "Reconciles ended, by result", reconcile_results.clone());
+        let queue_depth = Family::<ControllerLabels, Gauge>::default();
+        registry.register(
+            "workqueue_depth",
+            "Objects ready to reconcile, waiting for a free slot",
+            queue_depth.clone(),
+        );
+        let queue_wait =
+            Family::<ControllerLabels, Histogram>::new_with_constructor(duration_histogram as fn() -> Histogram);
+        registry.register(
+            "workqueue_queue_duration_seconds",
+            "How long a triggered object waited before its reconcile started",
+            queue_wait.clone(),
+        );
+        registry.register(
+            "build",
+            "The running Keelson",
+            prometheus_client::metrics::info::Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        registry.register_collector(Box::new(ProcessCollector));
         let last_backup_timestamp = Family::<DatabaseLabels, Gauge>::default();
         let last_backup_size = Family::<DatabaseLabels, Gauge>::default();
         registry.register(
@@ -141,6 +172,9 @@ impl Default for Metrics {
             registry,
             reconciles,
             reconcile_errors,
+            reconcile_results,
+            queue_depth,
+            queue_wait,
             reconcile_duration,
             reconciles_in_flight,
             drift_corrections,
@@ -152,6 +186,45 @@ impl Default for Metrics {
             last_backup_timestamp,
             last_backup_size,
         }
+    }
+}
+
+/// The process's CPU time and memory, read from `/proc` at each scrape (as
+/// the Go client's process collector does for controller-runtime).
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl ProcessCollector {
+    /// CPU seconds (user and system) and resident bytes; None off Linux.
+    fn read() -> Option<(f64, i64)> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let rss_kib: i64 =
+            status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().split(' ').next()?.parse().ok()?;
+        // /proc counts CPU time in USER_HZ, 100 on Linux.
+        Some((ticks / 100.0, rss_kib * 1024))
+    }
+}
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric as _;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let Some((cpu_seconds, resident_bytes)) = Self::read() else { return Ok(()) };
+        let cpu = ConstCounter::new(cpu_seconds);
+        cpu.encode(encoder.encode_descriptor("process_cpu_seconds", "CPU time used", None, cpu.metric_type())?)?;
+        let memory = ConstGauge::new(resident_bytes);
+        memory.encode(encoder.encode_descriptor(
+            "process_resident_memory_bytes",
+            "Resident memory",
+            None,
+            memory.metric_type(),
+        )?)?;
+        Ok(())
     }
 }
 
@@ -203,5 +276,8 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# TYPE keelson_reconcile_duration_seconds histogram"), "{text}");
+        assert!(text.contains(&format!("keelson_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))), "{text}");
+        assert!(text.contains("keelson_process_cpu_seconds_total "), "{text}");
+        assert!(text.lines().any(|l| l.starts_with("keelson_process_resident_memory_bytes ")), "{text}");
     }
 }

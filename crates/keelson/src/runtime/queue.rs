@@ -36,6 +36,11 @@ impl Action {
         Self { requeue_after: Some(duration) }
     }
 
+    /// It asked to be looked at again later.
+    pub const fn requeues(&self) -> bool {
+        self.requeue_after.is_some()
+    }
+
     /// Only when a change comes.
     pub const fn await_change() -> Self {
         Self { requeue_after: None }
@@ -92,6 +97,11 @@ impl<T: Clone + Eq + Hash> Queue<T> {
         }
     }
 
+    /// How many items are ready and not running yet.
+    pub fn depth(&self) -> usize {
+        self.ready.len()
+    }
+
     /// The next ready item, now counted as running.
     pub fn start_next(&mut self) -> Option<T> {
         let item = self.ready.pop_front()?;
@@ -128,6 +138,19 @@ impl<T: Clone + Eq + Hash> Queue<T> {
     }
 }
 
+/// What the queue tells about itself, for metrics (`()` for none).
+pub trait Observe {
+    /// Objects ready to reconcile and waiting for a free slot.
+    fn depth(&self, ready: usize);
+    /// How long a triggered object waited before its reconcile started.
+    fn waited(&self, waited: Duration);
+}
+
+impl Observe for () {
+    fn depth(&self, _ready: usize) {}
+    fn waited(&self, _waited: Duration) {}
+}
+
 /// Reconciles every object `triggers` names (looked up in `store`; one gone
 /// meanwhile is skipped and handed to `gone`), as the queue orders them, until `shutdown`; then
 /// lets the running reconciles end. Nothing starts before the store has its
@@ -140,6 +163,7 @@ pub async fn run<K, F, Fut>(
     shutdown: impl Future<Output = ()>,
     reconcile: F,
     gone: impl Fn(&ObjectRef<K>),
+    observe: impl Observe,
 ) where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     F: Fn(Arc<K>) -> Fut,
@@ -150,6 +174,8 @@ pub async fn run<K, F, Fut>(
     let mut triggers = std::pin::pin!(triggers);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut synced = false;
+    // When each waiting object was triggered, for the wait it observes.
+    let mut triggered_at: HashMap<ObjectRef<K>, Instant> = HashMap::new();
     loop {
         synced = synced || cache::is_synced(&store);
         let now = Instant::now();
@@ -159,6 +185,9 @@ pub async fn run<K, F, Fut>(
         }
         while synced && running.len() < concurrency.max(1) {
             let Some(item) = queue.start_next() else { break };
+            if let Some(at) = triggered_at.remove(&item) {
+                observe.waited(now.saturating_duration_since(at));
+            }
             match store.get(&item) {
                 Some(object) => {
                     let reconciling = AssertUnwindSafe(reconcile(object)).catch_unwind();
@@ -170,6 +199,7 @@ pub async fn run<K, F, Fut>(
                 }
             }
         }
+        observe.depth(queue.depth());
         let timer = async {
             match next_timer {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -179,7 +209,10 @@ pub async fn run<K, F, Fut>(
         tokio::select! {
             () = &mut shutdown => break,
             item = triggers.next() => match item {
-                Some(item) => queue.trigger(item),
+                Some(item) => {
+                    triggered_at.entry(item.clone()).or_insert_with(Instant::now);
+                    queue.trigger(item);
+                }
                 None => break,
             },
             Some(ended) = running.join_next() => match ended {
@@ -369,6 +402,7 @@ mod tests {
             move |gone: &ObjectRef<ConfigMap>| {
                 forgetting.lock().unwrap_or_else(|p| p.into_inner()).push(gone.name.clone())
             },
+            (),
         ));
         for name in ["gone", "here"] {
             tx.unbounded_send(ObjectRef::new(name).within("n")).expect("sent");
