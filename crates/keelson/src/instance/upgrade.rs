@@ -16,8 +16,9 @@ use super::InstanceError;
 pub const NEXT: &str = "keelson.next";
 /// Where a new binary that does not run here is set aside (not tried again).
 const REJECTED: &str = "keelson.rejected";
-/// How long the new binary may take to print its version.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the new binary may take to print its version. Short: the manager's loop, which renews
+/// a primary's lease every 2 s (it expires after 8 s), waits for it.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The file beside `binary` that names the image it came from.
 pub fn image_file(binary: &Path) -> PathBuf {

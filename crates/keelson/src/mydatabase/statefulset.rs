@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use super::credentials::{PASSWORD_KEY, REPLICATION_PASSWORD_KEY, SUPERUSER_PASSWORD_KEY};
 use super::names::{self, APP_DB, APP_USER, PORT};
 use super::tls::{CA_CERT_KEY, TLS_CERT_KEY, TLS_KEY_KEY};
-use super::{parameters, placement, resources};
+use super::{parameters, placement, resources, scripts};
 use crate::Result;
 use crate::api::MyDatabase;
 use crate::runtime::{Settings, drift, meta, security};
@@ -262,6 +262,9 @@ const MANAGER_DIR: &str = "/keelson";
 /// Where in-cluster clients look for their ServiceAccount's token.
 const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
+/// On the pod template: the hash of the scripts the pods run.
+pub const SCRIPTS_HASH: &str = "db.keelson.dev/scripts-hash";
+
 /// The init container that copies the instance manager into the pod.
 pub const INSTALL_CONTAINER: &str = "install-instance-manager";
 /// The instance manager's container.
@@ -438,7 +441,13 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                     labels: Some(labels),
                     // `kubectl exec|logs` without -c mean PostgreSQL's container.
                     annotations: Some(
-                        [("kubectl.kubernetes.io/default-container".to_string(), "postgres".to_string())].into(),
+                        [
+                            ("kubectl.kubernetes.io/default-container".to_string(), "postgres".to_string()),
+                            // A running container keeps the scripts it started with: a change of them
+                            // is a change of the pods (an operator upgrade holds it, see `upgrade`).
+                            (SCRIPTS_HASH.to_string(), drift::content_hash(&scripts::build(db)?.data, "scripts")?),
+                        ]
+                        .into(),
                     ),
                     ..Default::default()
                 }),

@@ -185,7 +185,8 @@ pub fn managers(pods: &[Pod], image: &str, now: Timestamp) -> Result<Managers> {
     let is_primary = |pod: &&Pod| pod.labels().get(ROLE_LABEL).is_some_and(|role| role == "primary");
     candidates.retain(|pod| !deleting_or_stopped(pod));
     candidates.sort_by_key(|pod| (is_primary(pod), pod.name_any()));
-    if managers.upgrading.is_none() {
+    // One failed upgrade stops the others (the primary's above all): the condition says which.
+    if managers.upgrading.is_none() && managers.failed.is_empty() {
         managers.next = candidates.first().map(|pod| pod.name_any());
     }
     Ok(managers)
@@ -302,7 +303,7 @@ mod tests {
         let seen = managers(&pods, "k:2", now).expect("looks");
         assert_eq!((seen.upgrading.as_deref(), seen.next), (Some("db-1"), None));
 
-        // Its install failed: not retried, said, and the primary goes next.
+        // Its install failed: not retried, said, and no other pod is upgraded.
         let status = pods[1].status.as_mut().expect("status");
         status.ephemeral_container_statuses = Some(vec![ContainerStatus {
             name,
@@ -318,6 +319,6 @@ mod tests {
         }]);
         let seen = managers(&pods, "k:2", now).expect("looks");
         assert_eq!(seen.failed.len(), 1, "{seen:?}");
-        assert_eq!(seen.next.as_deref(), Some("db-0"));
+        assert_eq!(seen.next, None, "the primary is not upgraded after a failure");
     }
 }

@@ -91,6 +91,8 @@ pub async fn write(target: &Target, database: &str, file: Option<&std::path::Pat
         }
     }
     out.push('\n');
+    // Without the values, logs cannot be redacted: they are left out.
+    let redactable = target.api::<Secret>().list(&of_database).await.is_ok();
 
     let _ = writeln!(out, "=== Events ===");
     match target.api::<Event>().list(&ListParams::default()).await {
@@ -124,7 +126,14 @@ pub async fn write(target: &Target, database: &str, file: Option<&std::path::Pat
     out.push('\n');
 
     let pods = target.api::<Pod>();
-    for pod in pods.list(&of_database).await.map(|l| l.items).unwrap_or_default() {
+    if !redactable {
+        out.push_str(
+            "=== Logs ===\n(left out: the database's Secrets are not readable, so logs could not be redacted)\n",
+        );
+    }
+    let logged =
+        if redactable { pods.list(&of_database).await.map(|l| l.items).unwrap_or_default() } else { Vec::new() };
+    for pod in logged {
         for container in pod.spec.iter().flat_map(|s| s.containers.iter()) {
             let params = LogParams {
                 container: Some(container.name.clone()),
@@ -144,7 +153,10 @@ pub async fn write(target: &Target, database: &str, file: Option<&std::path::Pat
     // The operator's log, wherever it runs in-cluster (the user may not see it: then said so).
     let operators: Api<Pod> = Api::all(target.client.clone());
     let manager = ListParams::default().labels("app.kubernetes.io/name=keelson,app.kubernetes.io/component=manager");
-    match operators.list(&manager).await {
+    match operators.list(&manager).await.map_err(|e| e.to_string()).and_then(|list| match redactable {
+        true => Ok(list),
+        false => Err("left out: logs could not be redacted".to_string()),
+    }) {
         Ok(list) if list.items.is_empty() => {
             out.push_str("=== Operator ===\n(no operator pod found: running with `make run`?)\n")
         }
@@ -155,7 +167,11 @@ pub async fn write(target: &Target, database: &str, file: Option<&std::path::Pat
                 let params = LogParams { tail_lines: Some(LOG_LINES * 2), ..Default::default() };
                 let _ = writeln!(out, "=== Log of operator {namespace}/{} ===", pod.name_any());
                 match api.logs(&pod.name_any(), &params).await {
-                    Ok(log) => out.extend(log.lines().filter(|l| l.contains(database)).map(|l| format!("{l}\n"))),
+                    Ok(log) => out.extend(
+                        log.lines()
+                            .filter(|l| l.contains(&format!("\"{database}\"")) && l.contains(&target.namespace))
+                            .map(|l| format!("{l}\n")),
+                    ),
                     Err(error) => {
                         let _ = writeln!(out, "(not readable: {error})");
                     }

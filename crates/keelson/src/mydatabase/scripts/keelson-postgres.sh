@@ -328,7 +328,10 @@ rejoin() {
 # Until the replication role logs in to SOURCE (a conninfo) with the current password.
 wait_for_replication_login() {
   local tries=0
-  until PGPASSWORD="$(replication_password)" "$(bin psql)" -X -At -q -d "$1" -c 'SELECT 1' >/dev/null 2>&1; do
+  # Through the passfile, as pg_basebackup and pg_rewind then log in: a passfile libpq would not
+  # read waits here, rather than fail a rewind and throw the data away.
+  write_replication_passfile
+  until PGPASSFILE="$(replication_passfile)" "$(bin psql)" -X -At -q -d "$1" -c 'SELECT 1' >/dev/null 2>&1; do
     (( tries++ % 30 == 0 )) && log "the replication role cannot log in to the primary yet (credentials being rotated?); waiting"
     sleep 1
   done
@@ -602,7 +605,8 @@ write_replication_passfile() {
   file="$(replication_passfile)" escaped="$(replication_password)"
   escaped="${escaped//\\/\\\\}" escaped="${escaped//:/\\:}"
   line="*:*:*:$REPLICATION_USER:$escaped"
-  [[ -f "$file" && "$(cat "$file")" == "$line" ]] && return 0
+  # libpq ignores a passfile others may read: its mode is set again each time (a volume re-permissioned).
+  [[ -f "$file" && "$(cat "$file")" == "$line" ]] && { chmod 600 "$file"; return 0; }
   ( umask 077; printf '%s\n' "$line" > "$file.partial" ) && mv "$file.partial" "$file"
 }
 
