@@ -40,8 +40,9 @@ pub struct DatabaseView {
     pub problems: Vec<String>,
 }
 
-/// A replica this far behind is worth a line.
-const LAG_WORTH_SAYING: i64 = 16 << 20;
+/// A replica this far behind is worth a line (a WAL segment, 16 MiB, is what a replica that just
+/// (re)connected may show for a moment).
+const LAG_WORTH_SAYING: i64 = 64 << 20;
 
 fn instance_view(db: &MyDatabase, pod: &Pod) -> InstanceView {
     let report: Option<InstanceReport> = pod.annotations().get(ANNOTATION).and_then(|r| serde_json::from_str(r).ok());
@@ -76,7 +77,7 @@ pub fn problems(db: &MyDatabase, instances: &[InstanceView]) -> Vec<String> {
         if !instance.ready {
             out.push(format!("{} is not ready", instance.name));
         }
-        if let Some(lag) = instance.lag_bytes.filter(|lag| *lag >= LAG_WORTH_SAYING) {
+        if let Some(lag) = instance.lag_bytes.filter(|lag| *lag > LAG_WORTH_SAYING) {
             out.push(format!("{} is {} MiB behind its primary", instance.name, lag >> 20));
         }
     }
@@ -236,7 +237,7 @@ mod tests {
 
         let troubled = [condition("Ready", "False", "InstancesNotReady"), condition("Paused", "True", "Annotated")];
         db.status = Some(MyDatabaseStatus { conditions: troubled.to_vec(), ..Default::default() });
-        let behind = InstanceView { ready: false, lag_bytes: Some(64 << 20), ..fine };
+        let behind = InstanceView { ready: false, lag_bytes: Some(65 << 20), ..fine };
         let said = problems(&db, &[behind]);
         assert_eq!(
             said,
@@ -244,7 +245,7 @@ mod tests {
                 "Ready (InstancesNotReady): because",
                 "Paused (Annotated): because",
                 "db-1 is not ready",
-                "db-1 is 64 MiB behind its primary"
+                "db-1 is 65 MiB behind its primary"
             ]
         );
     }
