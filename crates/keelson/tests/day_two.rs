@@ -55,9 +55,15 @@ async fn every_plugin_command_works_on_a_live_three_instance_database() -> anyho
     // status: the true primary, three instances on their nodes, lag, nothing wrong.
     let table = plugin(&ns, &["status", "ledger"]).await?;
     assert!(table.contains("Running, primary ledger-0") && table.contains("LAG SECONDS"), "{table}");
-    // Once every replica has reported that it caught up with the clone.
-    eventually(DEFAULT_TIMEOUT, "status to find nothing wrong", || async {
-        plugin(&ns, &["status", "ledger"]).await.is_ok_and(|t| t.contains("Nothing is wrong."))
+    // Once every replica has reported that it caught up with the clone, and the primary its lag.
+    eventually(DEFAULT_TIMEOUT, "status to find nothing wrong, with every replica's lag", || async {
+        let settled = plugin(&ns, &["status", "ledger"]).await.is_ok_and(|t| t.contains("Nothing is wrong."));
+        let lags = json_of(&ns, &["status", "ledger"]).await.is_ok_and(|s| {
+            let instances = s["instances"].as_array().cloned().unwrap_or_default();
+            instances.iter().filter(|i| i["role"] == "replica").count() == 2
+                && instances.iter().filter(|i| i["role"] == "replica").all(|i| i["lagBytes"].is_i64())
+        });
+        settled && lags
     })
     .await?;
     let status = json_of(&ns, &["status", "ledger"]).await?;
