@@ -51,7 +51,13 @@ log "lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 log "unit and integration tests"
-cargo test --workspace --no-fail-fast
+# Kept whole, and each failure said again at the end: a long run's log is read from its tail.
+output=target/test-output.log
+if ! cargo test --workspace --no-fail-fast 2>&1 | tee "$output"; then
+  log "failed; what each failing test said last (all of it: $output):"
+  grep -E -A 12 "panicked at|^Error: " "$output" >&2 || true
+  exit 101
+fi
 log "least privilege: every granted right was used by the suite (audit log)"
 cargo test -p keelson --test rbac_audit -- --ignored
 log "all tests passed in $((SECONDS - start))s"

@@ -364,6 +364,8 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
                 Disruption::Hang => {
                     let pid = postmaster_pid(&pods.get(&primary).await?)?;
                     signal(pid, "-STOP")?;
+                    let title = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                    eprintln!("stopped {primary}'s postmaster, pid {pid}: {}", String::from_utf8_lossy(&title));
                     frozen = Some(pid);
                 }
                 Disruption::Switchover => {
@@ -406,10 +408,29 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
                     dbs.patch(DB, &PatchParams::default(), &Patch::Merge(&patch)).await?;
                 }
             }
-            eventually(DEFAULT_TIMEOUT, "another pod chosen as primary", || async {
+            let moved = eventually(DEFAULT_TIMEOUT, "another pod chosen as primary", || async {
                 current_primary(&ns).await.ok().flatten().is_some_and(|p| p != primary)
             })
-            .await?;
+            .await;
+            if let Err(error) = moved {
+                // What the primary's container (PostgreSQL and its manager) and Keelson said.
+                let said = kubectl(&["-n", &ns.name, "logs", &primary, "-c", "postgres", "--tail=60"])
+                    .unwrap_or_else(|e| e.to_string());
+                let status = kubectl(&["-n", &ns.name, "get", "mydatabase", DB, "-o", "jsonpath={.status}"])
+                    .unwrap_or_else(|e| e.to_string());
+                let report = kubectl(&[
+                    "-n",
+                    &ns.name,
+                    "get",
+                    "pods",
+                    "-o",
+                    "jsonpath={range .items[*]}{.metadata.name} {.metadata.annotations.db\\.keelson\\.dev/instance}{\"\\n\"}{end}",
+                ])
+                .unwrap_or_else(|e| e.to_string());
+                return Err(error.context(format!(
+                    "{disruption:?} of {primary}: nothing moved.\n{primary} said:\n{said}\nstatus: {status}\nreports:\n{report}"
+                )));
+            }
             // Resumed: commits after the new primary was chosen (the old one may acknowledge a few
             // more until the kubelet has killed it).
             let chosen = now_ms();
