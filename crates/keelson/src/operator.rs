@@ -126,9 +126,12 @@ async fn instance_image(client: &kube::Client, set: Option<String>) -> String {
     // A list by name: the ClusterRole grants list and watch on pods, not get.
     let by_name = kube::api::ListParams::default().fields(&format!("metadata.name={pod}"));
     let own = match pods.list(&by_name).await {
-        Ok(list) => list.items.into_iter().next().and_then(|p| p.spec).and_then(|spec| {
-            spec.containers.into_iter().find(|c| c.name == crate::manifests::deploy::MANAGER_CONTAINER)?.image
-        }),
+        Ok(list) => list
+            .items
+            .into_iter()
+            .next()
+            .and_then(|p| p.spec)
+            .and_then(|spec| spec.containers.into_iter().find(|c| c.name == MANAGER_CONTAINER)?.image),
         Err(error) => {
             tracing::warn!(%error, namespace, pod, "cannot read this pod's image; set --instance-image");
             None
@@ -136,6 +139,9 @@ async fn instance_image(client: &kube::Client, set: Option<String>) -> String {
     };
     own.unwrap_or(fallback)
 }
+
+/// The operator's container in its Deployment: it reads its own image from it (see `instance_image`).
+pub const MANAGER_CONTAINER: &str = "manager";
 
 /// Every controller the operator runs; RBAC is generated from the same table.
 pub const CONTROLLERS: &[ControllerDef] = &[webapp::CONTROLLER, mydatabase::CONTROLLER];

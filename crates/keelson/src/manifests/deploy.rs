@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::ObjectMeta;
 
 use super::rbac::{CLUSTER_ROLE_NAME, LEADER_ROLE_NAME, NODE_READER_ROLE_NAME};
+use crate::operator::MANAGER_CONTAINER;
 use crate::runtime::{meta, security};
 
 pub const NAMESPACE: &str = "keelson-system";
@@ -23,8 +24,6 @@ pub const SERVICE_ACCOUNT: &str = "keelson-controller-manager";
 const MANAGER_UID: i64 = 65532;
 /// The image `config/` and the chart name by default (`make deploy IMG=…` sets another).
 pub const IMAGE: &str = concat!("keelson:", env!("CARGO_PKG_VERSION"));
-/// The manager's container: the operator reads its own image from it (see `operator::instance_image`).
-pub const MANAGER_CONTAINER: &str = "manager";
 
 fn labels() -> BTreeMap<String, String> {
     [("app.kubernetes.io/name", "keelson"), ("app.kubernetes.io/component", "manager")]

@@ -12,6 +12,7 @@ use kube::ResourceExt;
 use rand::Rng;
 
 use super::names::{self, APP_DB, APP_USER, PORT};
+use super::secret_data::read;
 use super::tls::CA_CERT_KEY;
 use crate::Result;
 use crate::api::MyDatabase;
@@ -37,15 +38,6 @@ impl std::fmt::Debug for Passwords {
 
 fn random_password() -> String {
     rand::rng().sample_iter(rand::distr::Alphanumeric).take(32).map(char::from).collect()
-}
-
-/// `key` of `secret` as text, if it is there and not empty.
-pub fn read(secret: Option<&Secret>, key: &str) -> Option<String> {
-    secret
-        .and_then(|s| s.data.as_ref())
-        .and_then(|d| d.get(key))
-        .and_then(|v| String::from_utf8(v.0.clone()).ok())
-        .filter(|v| !v.is_empty())
 }
 
 /// The passwords already in the Secrets, or new random ones for what is

@@ -23,6 +23,7 @@ pub mod resources;
 pub mod restore;
 pub mod rollout;
 pub mod scripts;
+pub mod secret_data;
 pub mod services;
 pub mod statefulset;
 pub mod status;

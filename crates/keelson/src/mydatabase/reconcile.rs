@@ -169,6 +169,8 @@ impl Reconciler for MyDatabaseReconciler {
             .superuser_access
             .then(|| credentials::superuser_password(observed.superuser.as_ref(), observed.replication.as_ref()));
         let backups_claim = db.spec.backup.is_some().then(|| backup::volume_claim(db));
+        let scripts = scripts::build(db)?;
+        let scripts_hash = statefulset::scripts_hash(&scripts)?;
         Ok(Desired {
             credentials: credentials::build(db, &passwords, &client_ca, verify_server)?,
             replication: credentials::build_replication(db, &passwords, superuser_password.as_deref()),
@@ -178,7 +180,7 @@ impl Reconciler for MyDatabaseReconciler {
             ca: issued.as_ref().map(|certificates| tls::build_ca(db, certificates)),
             server_tls: issued.as_ref().map(|certificates| tls::build_server(db, certificates)).transpose()?,
             certificate_renewal_in: issued.as_ref().map(|certificates| tls::renewal_in(certificates, now)),
-            scripts: scripts::build(db)?,
+            scripts,
             instance_access: instance_access::build(db)?,
             services: services::build(db)?,
             backups_claim,
@@ -187,7 +189,7 @@ impl Reconciler for MyDatabaseReconciler {
                 db,
                 &self.ctx.settings.instance_image,
                 observed.statefulset.as_ref(),
-                |image| self.statefulset(db, image),
+                |image| self.statefulset(db, image, &scripts_hash),
             )?,
             disruption_budgets: pdb::build(db)?,
             backup_cron_job: backup::cronjob(db, verify_server)?,
@@ -413,9 +415,9 @@ impl Reconciler for MyDatabaseReconciler {
 impl MyDatabaseReconciler {
     /// The StatefulSet with the instance manager from `manager_image`, keeping
     /// the primary's pod while a scale-down waits for its handover.
-    fn statefulset(&self, db: &MyDatabase, manager_image: &str) -> Result<StatefulSet> {
+    fn statefulset(&self, db: &MyDatabase, manager_image: &str, scripts_hash: &str) -> Result<StatefulSet> {
         let settings = Settings { instance_image: manager_image.to_string(), ..self.ctx.settings.clone() };
-        let mut statefulset = statefulset::build(db, &settings)?;
+        let mut statefulset = statefulset::build_with_scripts(db, &settings, scripts_hash)?;
         let status_primary = db.status.as_ref().and_then(|s| s.current_primary.clone());
         let primary = self.state(db).chosen.or(status_primary);
         let keep = drain::instances_to_keep(db.spec.replicas.max(0) as u32, primary.as_deref());

@@ -5,11 +5,11 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile,
-    EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, Pod, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecretKeySelector,
-    SecretProjection, SecretVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
-    VolumeResourceRequirements,
+    ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIProjection,
+    DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource,
+    SecretKeySelector, SecretProjection, SecretVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -367,6 +367,16 @@ fn instance_token_volume() -> Volume {
 
 /// Builds the desired StatefulSet for `db`.
 pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
+    build_with_scripts(db, settings, &scripts_hash(&scripts::build(db)?)?)
+}
+
+/// The hash of the scripts ConfigMap's content, which the pod template carries.
+pub fn scripts_hash(scripts: &ConfigMap) -> Result<String> {
+    drift::content_hash(&scripts.data, "scripts")
+}
+
+/// [`build`] with the scripts' hash already taken (a reconcile renders them once).
+pub fn build_with_scripts(db: &MyDatabase, settings: &Settings, scripts_hash: &str) -> Result<StatefulSet> {
     let labels = names::labels(db, "database");
     let container = Container {
         name: "postgres".into(),
@@ -445,7 +455,7 @@ pub fn build(db: &MyDatabase, settings: &Settings) -> Result<StatefulSet> {
                             ("kubectl.kubernetes.io/default-container".to_string(), "postgres".to_string()),
                             // A running container keeps the scripts it started with: a change of them
                             // is a change of the pods (an operator upgrade holds it, see `upgrade`).
-                            (SCRIPTS_HASH.to_string(), drift::content_hash(&scripts::build(db)?.data, "scripts")?),
+                            (SCRIPTS_HASH.to_string(), scripts_hash.to_string()),
                         ]
                         .into(),
                     ),

@@ -6,11 +6,9 @@
 //! The server certificate lives 90 days and is renewed 30 days ahead; the
 //! instances reload it without a restart (`keelson-postgres.sh`).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, Secret};
 use kube::ResourceExt;
@@ -19,8 +17,8 @@ use rcgen::{
     KeyUsagePurpose, SerialNumber,
 };
 
-use super::credentials::read;
 use super::names;
+use super::secret_data::{data, read};
 use crate::api::MyDatabase;
 use crate::api::mydatabase::SERVER_CERTIFICATE_FOR_LABEL;
 use crate::runtime::Invalid;
@@ -222,10 +220,6 @@ pub fn user_certificate(db: &MyDatabase, secret: Option<&Secret>) -> Result<Opti
 /// How long until the server certificate is due for renewal.
 pub fn renewal_in(certificates: &Certificates, now: DateTime<Utc>) -> Duration {
     (certificates.server_not_after - RENEW_BEFORE - now).to_std().unwrap_or_default()
-}
-
-fn data(entries: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
-    entries.iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect()
 }
 
 /// `<name>-ca`: the CA's certificate and key, for the operator alone. Not

@@ -76,7 +76,10 @@ pub async fn write(target: &Target, database: &str, file: Option<&std::path::Pat
     // Secrets: names and keys, never values; the values are read (where allowed) only to redact.
     let mut values = Vec::new();
     let _ = writeln!(out, "=== Secrets (keys only) ===");
-    match target.api::<Secret>().list(&of_database).await {
+    let secrets = target.api::<Secret>().list(&of_database).await;
+    // Without the values, logs cannot be redacted: they are left out.
+    let redactable = secrets.is_ok();
+    match secrets {
         Ok(list) => {
             for secret in list.items {
                 let keys: Vec<String> = secret.data.iter().flat_map(|d| d.keys().cloned()).collect();
@@ -91,8 +94,6 @@ pub async fn write(target: &Target, database: &str, file: Option<&std::path::Pat
         }
     }
     out.push('\n');
-    // Without the values, logs cannot be redacted: they are left out.
-    let redactable = target.api::<Secret>().list(&of_database).await.is_ok();
 
     let _ = writeln!(out, "=== Events ===");
     match target.api::<Event>().list(&ListParams::default()).await {

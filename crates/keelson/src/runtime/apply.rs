@@ -56,7 +56,7 @@ impl<'a> Applier<'a> {
         Self {
             ctx,
             owner: owner.object_ref(&()),
-            owner_key: super::controller::object_key(owner),
+            owner_key: super::meta::object_key(owner),
             namespace: owner.namespace().unwrap_or_default(),
             reconciled_before,
             outcome: Mutex::new(Outcome::default()),

@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use super::client::RETRY_MAX_DELAY;
 use super::health::WatchHealth;
 use super::meta;
 pub use super::packed::{LabelsRead, Packed};
@@ -76,9 +77,6 @@ where
         Ok(Some(Ok(kube::api::WatchEvent::Added(_) | kube::api::WatchEvent::Bookmark(_))))
     )
 }
-
-/// The longest a failed watch waits before it retries, before jitter (which adds up to as much).
-pub const RETRY_MAX_DELAY: Duration = Duration::from_secs(2);
 
 /// How a failed watch retries: 200 ms doubling to at most 2 s, jittered, for
 /// ever; forgotten after a minute of health. kube's default grows to 30 s, which

@@ -15,6 +15,9 @@ use super::metrics::{HttpLabels, Metrics};
 
 pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The longest a failed watch waits before it retries, before jitter (which adds up to as much).
+pub const RETRY_MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Builds the client from the ambient configuration (KUBECONFIG or in-cluster).
 pub async fn build(metrics: Arc<Metrics>) -> Result<Client, kube::Error> {
     let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;

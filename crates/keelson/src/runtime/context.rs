@@ -292,7 +292,7 @@ impl Context {
     /// Forgetting a live object is safe: its next status is written again, its
     /// children are read before they are written, its next failure starts anew.
     pub fn forget_object(&self, controller: &str, kind: &str, namespace: Option<&str>, name: &str) {
-        use super::controller::key;
+        use super::meta::key;
         let object = key(kind, namespace, name);
         self.status_writes.forget(&key(controller, namespace, name));
         self.own_writes.forget_owner(&object);

@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 
 use super::queue::{self, Action};
 use futures::Stream;
+use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 
 use super::context::Context;
 use super::health::Readiness;
+use super::meta::object_key;
 use super::metrics::{ControllerLabels, ErrorLabels, ResultLabels};
 use super::permissions::Permission;
 use super::pipeline::{self, Reconciler};
@@ -39,16 +40,6 @@ pub struct ControllerDef {
     /// Every API right the controller uses, and nothing more.
     pub rbac: &'static [Permission],
     pub run: fn(RunParams) -> Pin<Box<dyn Future<Output = ()> + Send>>,
-}
-
-/// `Kind/namespace/name`: how the backoff and [`super::context::OwnWrites`] know an object.
-pub fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
-    key(&K::kind(&()), object.namespace().as_deref(), &object.name_any())
-}
-
-/// `prefix/namespace/name`, the one shape of every per-object key this process keeps.
-pub fn key(prefix: &str, namespace: Option<&str>, name: &str) -> String {
-    format!("{prefix}/{}/{name}", namespace.unwrap_or_default())
 }
 
 /// Resolves once `shutdown` turns true.

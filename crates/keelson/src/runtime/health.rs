@@ -13,8 +13,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use super::cache::RETRY_MAX_DELAY;
-use super::client::CONNECT_TIMEOUT;
+use super::client::{CONNECT_TIMEOUT, RETRY_MAX_DELAY};
 use super::metrics::Metrics;
 
 /// A watch may be broken this long (a blip, a reconnect) before the

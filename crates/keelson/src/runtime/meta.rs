@@ -9,6 +9,16 @@ use kube::{Resource, ResourceExt};
 
 use crate::{Error, Result};
 
+/// `Kind/namespace/name`: how the backoff and [`super::context::OwnWrites`] know an object.
+pub fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    key(&K::kind(&()), object.namespace().as_deref(), &object.name_any())
+}
+
+/// `prefix/namespace/name`, the one shape of every per-object key this process keeps.
+pub fn key(prefix: &str, namespace: Option<&str>, name: &str) -> String {
+    format!("{prefix}/{}/{name}", namespace.unwrap_or_default())
+}
+
 /// Label every object Keelson manages carries; owned watches select on it.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "keelson");
 

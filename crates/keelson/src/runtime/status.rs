@@ -22,7 +22,7 @@ pub fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
 
 /// How [`crate::runtime::context::StatusWrites`] knows an object: `controller/namespace/name`.
 pub fn key<K: Resource>(controller: &str, object: &K) -> String {
-    super::controller::key(controller, object.namespace().as_deref(), &object.name_any())
+    super::meta::key(controller, object.namespace().as_deref(), &object.name_any())
 }
 
 /// Writes `new` when it differs from `current`; true when it wrote. A write

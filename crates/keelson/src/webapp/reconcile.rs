@@ -204,7 +204,7 @@ mod tests {
         let (app, api, reconciler) = reconciled_on_its_way_for_a_while().await;
         assert_eq!((api.status_writes().len(), api.applies().len()), (1, 2));
         let ctx = &reconciler.ctx;
-        ctx.backoff.next_delay(&crate::runtime::controller::object_key(&app));
+        ctx.backoff.next_delay(&crate::runtime::meta::object_key(&app));
         let kept = || (ctx.status_writes.recorded(), ctx.own_writes.owners(), ctx.backoff.failing());
         assert_eq!(kept(), (1, 1, 1));
         // What the queue does when the WebApp's key names nothing in the cache any more.
