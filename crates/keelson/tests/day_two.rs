@@ -156,6 +156,46 @@ async fn every_plugin_command_works_on_a_live_three_instance_database() -> anyho
     })
     .await?;
 
+    // fence a replica: its PostgreSQL stops, status says so, the primary writes on; unfence: it streams again.
+    let fenced = plugin(&ns, &["fence", "ledger", "ledger-1"]).await?;
+    assert!(fenced.contains("ledger-1 fenced"), "{fenced}");
+    assert!(common::clients::sql_in(&ns, "ledger-1", "SELECT 1").is_err(), "a fenced instance answers");
+    let shown = json_of(&ns, &["status", "ledger"]).await?;
+    assert!(shown["problems"].to_string().contains("Fenced (FencedForMaintenance)"), "{shown}");
+    let row = shown["instances"].as_array().and_then(|i| i.iter().find(|i| i["name"] == "ledger-1")).cloned();
+    assert_eq!(row.map(|r| r["role"].clone()), Some(json!("replica (fenced)")), "{shown}");
+    common::clients::sql_in(&ns, "ledger-2", "INSERT INTO t VALUES (2)")?;
+    let unfenced = plugin(&ns, &["unfence", "ledger", "ledger-1"]).await?;
+    assert!(unfenced.contains("ledger-1 unfenced"), "{unfenced}");
+    eventually(DEFAULT_TIMEOUT, "ledger-1 to stream the row written while it was fenced", || async {
+        common::clients::sql_in(&ns, "ledger-1", "SELECT count(*) FROM t").is_ok_and(|n| n == "2")
+    })
+    .await?;
+
+    // fence the primary: no writes, and no failover however long it lasts (a hung primary is
+    // failed over after 6 s without an answer); unfenced, the same primary takes writes again.
+    let before = dbs.get("ledger").await?.status.and_then(|s| s.last_failover);
+    plugin(&ns, &["fence", "ledger", "ledger-2"]).await?;
+    let pods = ns.api::<k8s_openapi::api::core::v1::Pod>();
+    eventually(DEFAULT_TIMEOUT, "the fenced primary to be unready for 15 s", || async {
+        let Ok(pod) = pods.get("ledger-2").await else { return false };
+        let ready = pod.status.and_then(|s| s.conditions).and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"));
+        ready.is_some_and(|r| {
+            r.status == "False"
+                && r.last_transition_time
+                    .is_some_and(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t.0).as_secs() >= 15)
+        })
+    })
+    .await?;
+    let during = dbs.get("ledger").await?.status.unwrap_or_default();
+    assert_eq!(during.current_primary.as_deref(), Some("ledger-2"), "the primary moved while fenced");
+    assert_eq!(during.last_failover, before, "a failover while the primary was fenced");
+    plugin(&ns, &["unfence", "ledger", "ledger-2"]).await?;
+    eventually(DEFAULT_TIMEOUT, "ledger-2 takes writes again", || async {
+        common::clients::sql_in(&ns, "ledger-2", "INSERT INTO t VALUES (3)").is_ok()
+    })
+    .await?;
+
     // report: the objects and logs, and none of the database's secret values.
     let file = std::env::temp_dir().join(format!("keelson-report-{}.txt", ns.name));
     plugin(&ns, &["report", "ledger", "--file", &file.to_string_lossy()]).await?;

@@ -414,8 +414,12 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
             .await;
             if let Err(error) = moved {
                 // What the primary's container (PostgreSQL and its manager) and Keelson said.
-                let said = kubectl(&["-n", &ns.name, "logs", &primary, "-c", "postgres", "--tail=60"])
-                    .unwrap_or_else(|e| e.to_string());
+                let said = ["postgres", "instance-manager"]
+                    .map(|c| {
+                        kubectl(&["-n", &ns.name, "logs", &primary, "-c", c, "--tail=40"])
+                            .unwrap_or_else(|e| e.to_string())
+                    })
+                    .join("\n");
                 let status = kubectl(&["-n", &ns.name, "get", "mydatabase", DB, "-o", "jsonpath={.status}"])
                     .unwrap_or_else(|e| e.to_string());
                 let report = kubectl(&[

@@ -665,3 +665,42 @@ fn a_primary_stops_when_its_manager_is_silent_and_no_standby_streams() -> anyhow
     assert!(!answers(), "still serving with its manager silent");
     Ok(())
 }
+
+/// A server fenced for maintenance (`kubectl keelson fence`) stops at the
+/// orders' next look, its manager heard from and a standby named.
+#[test]
+fn a_server_fenced_for_maintenance_stops() -> anyhow::Result<()> {
+    if !postgres::available() {
+        return Ok(());
+    }
+    let scratch = Scratch::new("maintenance-fence")?;
+    let script = script()?;
+    let primary = primary(&scratch, &script)?;
+    let orders = scratch.path.join("orders");
+    std::fs::create_dir_all(&orders)?;
+    std::fs::write(orders.join("role"), "primary")?;
+    std::fs::write(orders.join("synchronous-standbys"), "ANY 1 (\"db-1\")")?;
+    std::fs::write(orders.join("heartbeat"), "1")?;
+    chown_postgres(&orders)?;
+    let follow_orders = || -> anyhow::Result<std::process::Output> {
+        let env = [
+            ("PGBIN", postgres::bindir().to_string_lossy().into_owned()),
+            ("PGDATA", primary.data.to_string_lossy().into_owned()),
+            ("PGHOST", primary.socket_dir().to_string_lossy().into_owned()),
+            ("PGPORT", primary.port.to_string()),
+            ("ORDERS_DIR", orders.to_string_lossy().into_owned()),
+            ("POD_NAME", "db-0".to_string()),
+        ];
+        run(&script, &["follow-orders"], &env)
+    };
+    let answers = || primary.psql_superuser("postgres", "SELECT 1").is_ok_and(|one| one == "1");
+    let out = follow_orders()?;
+    anyhow::ensure!(out.status.success(), "follow-orders: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(answers(), "stopped though not fenced");
+    std::fs::write(orders.join("maintenance-fence"), keelson::api::instance::FENCE_REASON)?;
+    let out = follow_orders()?;
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("fenced for maintenance"), "{log}");
+    assert!(!answers(), "still serving while fenced");
+    Ok(())
+}

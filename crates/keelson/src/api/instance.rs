@@ -33,6 +33,12 @@ pub const UPSTREAM: &str = "db.keelson.dev/upstream";
 /// `verify-ca` when the primary's pod presents the database's certificate;
 /// `prefer` only for a primary from before TLS (a database being rolled onto it).
 pub const UPSTREAM_SSLMODE: &str = "db.keelson.dev/upstream-sslmode";
+/// Set by the operator on the pod of an instance fenced for maintenance
+/// (`mydatabase::FENCED_INSTANCES_ANNOTATION`), with why: its PostgreSQL stops
+/// and stays stopped until the order goes.
+pub const FENCE: &str = "db.keelson.dev/fence";
+/// The order's value: what the manager hands PostgreSQL's container, and says.
+pub const FENCE_REASON: &str = "fenced for maintenance (db.keelson.dev/fenced-instances)";
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -70,6 +76,9 @@ pub struct InstanceReport {
     /// restarting): the rest of the report is the last thing it said.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unresponsive: bool,
+    /// Fenced for maintenance: stopped on purpose (never reported unresponsive).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fenced: bool,
 }
 
 /// A primary's lease: its manager counts it up on its pod every
@@ -117,6 +126,7 @@ impl InstanceReport {
             && self.held == other.held
             && self.answering == other.answering
             && self.unresponsive == other.unresponsive
+            && self.fenced == other.fenced
             && replicas(self) == replicas(other)
     }
 }

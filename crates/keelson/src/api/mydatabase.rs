@@ -21,6 +21,24 @@ pub const BACKUP_REQUEST_ANNOTATION: &str = "db.keelson.dev/backup-request";
 /// may hold the last acknowledged commits do not answer): promote the best of
 /// those that did, accepting that those commits may be lost. Removed once used.
 pub const FORCE_FAILOVER_ANNOTATION: &str = "db.keelson.dev/force-failover";
+/// `kubectl annotate mydatabase <name> db.keelson.dev/fenced-instances=<pod>,<pod>`
+/// (or `*`: every instance; `kubectl keelson fence`): those instances' PostgreSQL
+/// is stopped, for maintenance, until they are taken off the list. Their pods
+/// keep running, not ready. A fenced primary is not failed over: no writes until unfenced.
+pub const FENCED_INSTANCES_ANNOTATION: &str = "db.keelson.dev/fenced-instances";
+
+/// The instances `FENCED_INSTANCES_ANNOTATION` names, as written (`*` kept).
+pub fn fenced_instances(annotations: &BTreeMap<String, String>) -> Vec<String> {
+    annotations
+        .get(FENCED_INSTANCES_ANNOTATION)
+        .map(|list| list.split(',').map(str::trim).filter(|n| !n.is_empty()).map(String::from).collect())
+        .unwrap_or_default()
+}
+
+/// Whether `pod` is fenced by `FENCED_INSTANCES_ANNOTATION`.
+pub fn is_fenced(annotations: &BTreeMap<String, String>, pod: &str) -> bool {
+    fenced_instances(annotations).iter().any(|name| name == pod || name == "*")
+}
 
 /// PostgreSQL major versions Keelson knows how to run and replicate, and that
 /// the PostgreSQL project still supports: 13 ended in November 2025, 14 in

@@ -34,7 +34,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::api::instance::{
-    ANNOTATION, HOLD_STREAMING, InstanceReport, LEASE, MANAGER_IMAGE, POSITION_REQUEST, ROLE_LABEL, Role,
+    ANNOTATION, FENCE, HOLD_STREAMING, InstanceReport, LEASE, MANAGER_IMAGE, POSITION_REQUEST, ROLE_LABEL, Role,
     SYNCHRONOUS_STANDBYS, UPSTREAM, UPSTREAM_SSLMODE,
 };
 use lease::{FENCE_LOOK_EVERY, Lease};
@@ -120,6 +120,8 @@ fn write_orders(dir: &Path, pod: &Pod) -> Result<(), InstanceError> {
         ("upstream-sslmode", Some(pod.annotations().get(UPSTREAM_SSLMODE).unwrap_or(&none))),
         ("upstream", Some(pod.annotations().get(UPSTREAM).unwrap_or(&none))),
         ("hold", Some(pod.annotations().get(HOLD_STREAMING).unwrap_or(&none))),
+        // Before the role: a fenced instance never starts in a new role first.
+        ("maintenance-fence", Some(pod.annotations().get(FENCE).unwrap_or(&none))),
         ("role", pod.labels().get(ROLE_LABEL)),
         ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS)),
     ];
@@ -153,6 +155,8 @@ struct Orders {
     holding: bool,
     /// Synchronous standbys named for it as a primary.
     standbys_named: bool,
+    /// Fenced for maintenance: its server is stopped on purpose.
+    fenced: bool,
 }
 
 /// Writes the orders `pod` carries (see `write_orders`) and returns what the manager needs of them.
@@ -162,6 +166,7 @@ fn take_orders(dir: &Path, pod: &Pod) -> Result<Orders, InstanceError> {
         primary: pod.labels().get(ROLE_LABEL).map(String::as_str) == Some("primary"),
         holding: pod.annotations().contains_key(HOLD_STREAMING),
         standbys_named: pod.annotations().get(SYNCHRONOUS_STANDBYS).is_some_and(|names| !names.is_empty()),
+        fenced: pod.annotations().get(FENCE).is_some_and(|why| !why.is_empty()),
     })
 }
 
@@ -216,6 +221,16 @@ impl Reporter {
         send
     }
 
+    /// The last report, marked fenced, when it is not yet (the server was
+    /// stopped for maintenance) or has not reached the API server.
+    pub fn fenced(&self) -> Option<InstanceReport> {
+        let (last, _) = self.last.as_ref()?;
+        match last.fenced {
+            true => self.unsent.then(|| last.clone()),
+            false => Some(InstanceReport { fenced: true, unresponsive: false, ..last.clone() }),
+        }
+    }
+
     /// The API server refused the report, or did not answer: send it again next time.
     pub fn forget(&mut self) {
         self.unsent = true;
@@ -228,6 +243,10 @@ impl Reporter {
     /// failed over on it, so it must not be lost to one failed call).
     pub fn silence(&self, answered_last: Option<Instant>, now: Instant, after: Duration) -> Option<InstanceReport> {
         let (last, _) = self.last.as_ref()?;
+        if last.fenced {
+            // Stopped on purpose: said once; the operator fails nothing over for it.
+            return self.unsent.then(|| last.clone());
+        }
         if last.unresponsive {
             return self.unsent.then(|| last.clone());
         }
@@ -361,6 +380,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                 failing_since = None;
                 answered_last = Some(Instant::now());
                 seen.answering = answering.clone();
+                seen.fenced = seen_orders.fenced;
                 reporter.consider(&seen, Instant::now()).then_some(seen)
             }
             // Starting, restarting or recovering (the pod's readiness says so), or hung.
@@ -371,9 +391,17 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                     failing_since = Some(Instant::now());
                 }
                 let after = if responds { BUSY_UNRESPONSIVE_AFTER } else { UNRESPONSIVE_AFTER };
-                let silent = reporter.silence(answered_last, Instant::now(), after);
+                let silent = match seen_orders.fenced {
+                    true => reporter.fenced(),
+                    false => reporter.silence(answered_last, Instant::now(), after),
+                };
                 if let Some(silent) = &silent {
-                    tracing::warn!(namespace, pod, %error, responds, "PostgreSQL stopped answering: reporting it unresponsive");
+                    match silent.fenced {
+                        true => tracing::info!(namespace, pod, "PostgreSQL stopped: fenced for maintenance"),
+                        false => {
+                            tracing::warn!(namespace, pod, %error, responds, "PostgreSQL stopped answering: reporting it unresponsive")
+                        }
+                    }
                     reporter.consider(silent, Instant::now());
                 }
                 silent
@@ -479,6 +507,7 @@ mod tests {
                 lag_ms: None,
             }],
             unresponsive: false,
+            fenced: false,
             held: false,
         }
     }
@@ -505,6 +534,23 @@ mod tests {
         assert!(reporter.consider(&replica, start + Duration::from_millis(20)));
         reporter.forget();
         assert!(reporter.consider(&replica, start + Duration::from_millis(30)), "a refused report is sent again");
+    }
+
+    #[test]
+    fn a_server_fenced_for_maintenance_is_reported_fenced_never_unresponsive() {
+        let mut reporter = Reporter::default();
+        let start = Instant::now();
+        assert!(reporter.consider(&primary("0/100", 0), start));
+        let fenced = reporter.fenced().expect("said at once");
+        assert!(fenced.fenced && !fenced.unresponsive, "{fenced:?}");
+        assert!(reporter.consider(&fenced, start), "a change of shape: sent at once");
+        assert_eq!(reporter.fenced(), None, "once it arrived, once");
+        // Long silent, it is still not taken for hung (and failed over).
+        assert_eq!(reporter.silence(Some(start), start + UNRESPONSIVE_AFTER * 10, UNRESPONSIVE_AFTER), None);
+        reporter.forget();
+        assert!(reporter.fenced().is_some_and(|r| r.fenced), "a report that did not arrive is sent again");
+        // Unfenced and answering again: an ordinary report.
+        assert!(reporter.consider(&primary("0/200", 0), start + Duration::from_secs(1)));
     }
 
     #[test]

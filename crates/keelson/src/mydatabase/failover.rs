@@ -352,6 +352,7 @@ pub(crate) mod tests {
             answering: answering.map(str::to_string),
             replicas: vec![],
             unresponsive: false,
+            fenced: false,
         };
         let mut pod = Pod::default();
         pod.metadata.name = Some(name.into());

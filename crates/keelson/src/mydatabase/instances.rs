@@ -101,6 +101,7 @@ mod tests {
                 lag_ms: Some(1500),
             }],
             unresponsive: false,
+            fenced: false,
             held: false,
         }
     }

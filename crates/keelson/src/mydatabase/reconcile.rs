@@ -29,12 +29,12 @@ use super::{
 };
 use crate::Result;
 use crate::api::instance::{
-    HOLD_STREAMING, LEASE, LEASE_EXPIRES_AFTER, POSITION_REQUEST, Role, SYNCHRONOUS_STANDBYS, UPSTREAM,
-    UPSTREAM_SSLMODE,
+    FENCE, FENCE_REASON, HOLD_STREAMING, LEASE, LEASE_EXPIRES_AFTER, POSITION_REQUEST, Role, SYNCHRONOUS_STANDBYS,
+    UPSTREAM, UPSTREAM_SSLMODE,
 };
 use crate::api::mydatabase::{
     BACKUP_REQUEST_ANNOTATION, FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase, MyDatabaseStatus,
-    SWITCHOVER_ANNOTATION,
+    SWITCHOVER_ANNOTATION, is_fenced,
 };
 use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler, Settings};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -783,7 +783,11 @@ impl MyDatabaseReconciler {
         if let Some(target) = db.annotations().get(SWITCHOVER_ANNOTATION) {
             let why = format!("switchover to {target} requested");
             let standbys = failover::synchronous_standbys(db, primary);
-            match failover::switchover_refusal(target, primary, &observed.pods, &standbys) {
+            let refusal = match [primary, target.as_str()].into_iter().find(|p| is_fenced(db.annotations(), p)) {
+                Some(fenced) => Some(format!("{fenced} is fenced for maintenance; unfence it first")),
+                None => failover::switchover_refusal(target, primary, &observed.pods, &standbys),
+            };
+            match refusal {
                 None => return self.switch_over(db, observed, primary, target, why, true, applier).await,
                 Some(refusal) => {
                     let already = target == primary;
@@ -798,6 +802,11 @@ impl MyDatabaseReconciler {
                     return false;
                 }
             }
+        }
+        if is_fenced(db.annotations(), primary) {
+            // Stopped on purpose: no handover or rollout moves writes elsewhere meanwhile.
+            applier.wait(format!("the primary {primary} to be unfenced"));
+            return false;
         }
         // A drain or a scale-down is about to take the primary's pod: hand over first.
         let instances = db.spec.replicas.max(0) as u32;
@@ -1066,16 +1075,18 @@ fn role_patch(
         }
         (_, None) => true,
     };
+    let fence = is_fenced(db.annotations(), &pod.name_any()).then_some(FENCE_REASON);
     if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role)
         && annotations.get(SYNCHRONOUS_STANDBYS) == Some(&synchronous)
         && (!lift_hold || !annotations.contains_key(HOLD_STREAMING))
         && upstream_ok
+        && annotations.get(FENCE).map(String::as_str) == fence
     {
         return None;
     }
     let mut patch = json!({"metadata": {
         "labels": {names::ROLE_LABEL: role},
-        "annotations": {SYNCHRONOUS_STANDBYS: synchronous}}});
+        "annotations": {SYNCHRONOUS_STANDBYS: synchronous, FENCE: fence}}});
     if lift_hold {
         patch["metadata"]["annotations"][HOLD_STREAMING] = serde_json::Value::Null;
     }
@@ -1258,6 +1269,38 @@ mod tests {
         let patch = role_patch(&db, &held, services::PRIMARY, Some("10.0.0.2"), "verify-ca").expect("a patch");
         assert_eq!(patch["metadata"]["labels"][names::ROLE_LABEL], json!("primary"));
         assert_eq!(patch["metadata"]["annotations"][UPSTREAM], Value::Null);
+    }
+
+    #[test]
+    fn a_fenced_instance_is_told_so_on_its_pod_and_unfenced_by_removing_it() {
+        let mut db = sample();
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("production-db-1".into());
+        pod.metadata.labels = Some([(names::ROLE_LABEL.to_string(), services::REPLICA.to_string())].into());
+        pod.metadata.annotations = Some(
+            [
+                (UPSTREAM.to_string(), "10.0.0.1".to_string()),
+                (UPSTREAM_SSLMODE.to_string(), "verify-ca".to_string()),
+                (SYNCHRONOUS_STANDBYS.to_string(), synchronous_standby_names(&db, "production-db-1")),
+            ]
+            .into(),
+        );
+        assert_eq!(role_patch(&db, &pod, services::REPLICA, Some("10.0.0.1"), "verify-ca"), None, "nothing to do");
+        db.metadata.annotations = Some(
+            [(
+                crate::api::mydatabase::FENCED_INSTANCES_ANNOTATION.to_string(),
+                "production-db-2, production-db-1".into(),
+            )]
+            .into(),
+        );
+        let patch = role_patch(&db, &pod, services::REPLICA, Some("10.0.0.1"), "verify-ca").expect("the fence order");
+        assert_eq!(patch["metadata"]["annotations"][FENCE], json!(FENCE_REASON));
+        pod.metadata.annotations.as_mut().map(|a| a.insert(FENCE.to_string(), FENCE_REASON.to_string()));
+        assert_eq!(role_patch(&db, &pod, services::REPLICA, Some("10.0.0.1"), "verify-ca"), None, "told once");
+        db.metadata.annotations = None;
+        let patch = role_patch(&db, &pod, services::REPLICA, Some("10.0.0.1"), "verify-ca").expect("the order goes");
+        let annotations = patch["metadata"]["annotations"].as_object().cloned().unwrap_or_default();
+        assert_eq!(annotations.get(FENCE), Some(&Value::Null), "removed by the merge patch");
     }
 
     #[test]

@@ -116,6 +116,7 @@ mod tests {
             answering: None,
             replicas: vec![],
             unresponsive: false,
+            fenced: false,
             held: false,
         };
         let mut pod = Pod::default();

@@ -12,7 +12,9 @@ use super::restore::Progress;
 use super::statefulset::TemplateChange;
 use super::upgrade::Managers;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
-use crate::api::mydatabase::{BackupRecord, DatabasePhase, MyDatabase, MyDatabaseStatus};
+use crate::api::mydatabase::{
+    BackupRecord, DatabasePhase, FENCED_INSTANCES_ANNOTATION, MyDatabase, MyDatabaseStatus, fenced_instances, is_fenced,
+};
 use crate::runtime::jobs::job_finished;
 use crate::runtime::{Outcome, pods};
 
@@ -108,6 +110,45 @@ fn restore_condition(db: &MyDatabase, progress: &Progress) -> DesiredCondition {
         Progress::Failed { message } => DesiredCondition::new("Ready", false, "RestoreFailed", message.clone()),
         _ => DesiredCondition::new("Ready", false, "Restoring", format!("restoring {backup} of {database}")),
     }
+}
+
+/// Which instances are fenced for maintenance, and what that costs; a name
+/// that is no instance of this database is said, not ignored.
+fn fenced_condition(db: &MyDatabase, pods: &[Pod]) -> Option<DesiredCondition> {
+    let listed = fenced_instances(db.annotations());
+    if listed.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let unknown: Vec<&String> = listed.iter().filter(|n| *n != "*" && !names.contains(n)).collect();
+    if !unknown.is_empty() {
+        let unknown: Vec<&str> = unknown.iter().map(|n| n.as_str()).collect();
+        return Some(DesiredCondition::new(
+            "Fenced",
+            true,
+            "UnknownInstance",
+            format!(
+                "{FENCED_INSTANCES_ANNOTATION}: {} is not an instance of this database (its instances: {})",
+                unknown.join(", "),
+                names.join(", ")
+            ),
+        ));
+    }
+    let fenced: Vec<&str> = names.iter().filter(|n| is_fenced(db.annotations(), n)).map(String::as_str).collect();
+    let primary = db.status.as_ref().and_then(|s| s.current_primary.as_deref());
+    let writes = match primary.is_some_and(|p| fenced.contains(&p)) {
+        true => "; the primary is among them: no writes, and no failover, until it is unfenced",
+        false => "",
+    };
+    Some(DesiredCondition::new(
+        "Fenced",
+        true,
+        "FencedForMaintenance",
+        format!(
+            "{} fenced: PostgreSQL stopped, pods not ready{writes} (`kubectl keelson unfence` ends it)",
+            fenced.join(", ")
+        ),
+    ))
 }
 
 /// The status `db` should have, from what the cluster holds and what this
@@ -234,6 +275,9 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
     }
     if outcome.paused {
         conditions.push(crate::api::conditions::paused());
+    }
+    if let Some(fenced) = fenced_condition(db, &observed.pods) {
+        conditions.push(fenced);
     }
     if let Some(pending) = &observed.restart_pending {
         conditions.push(DesiredCondition::new("RestartPending", true, "OperatorUpgrade", pending.clone()));
@@ -480,6 +524,29 @@ mod tests {
             "{}",
             ready.message
         );
+    }
+
+    #[test]
+    fn fenced_instances_are_said_and_a_name_that_is_no_instance_is_named() {
+        let mut db = sample();
+        let pods: Vec<Pod> = ["production-db-0", "production-db-1"]
+            .map(|name| serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("pod"))
+            .to_vec();
+        assert!(fenced_condition(&db, &pods).is_none(), "nothing fenced, no condition");
+        let fence = |db: &mut MyDatabase, list: &str| {
+            db.metadata.annotations = Some([(FENCED_INSTANCES_ANNOTATION.to_string(), list.to_string())].into());
+        };
+        fence(&mut db, "production-db-1");
+        let fenced = fenced_condition(&db, &pods).expect("a condition");
+        assert_eq!((fenced.type_, fenced.reason.as_str()), ("Fenced", "FencedForMaintenance"));
+        assert!(fenced.message.starts_with("production-db-1 fenced"), "{}", fenced.message);
+        fence(&mut db, "production-db-1,production-db-7");
+        let unknown = fenced_condition(&db, &pods).expect("a condition");
+        assert_eq!(unknown.reason, "UnknownInstance");
+        assert!(unknown.message.contains("production-db-7 is not an instance"), "{}", unknown.message);
+        fence(&mut db, "*");
+        let all = fenced_condition(&db, &pods).expect("a condition");
+        assert!(all.message.starts_with("production-db-0, production-db-1 fenced"), "{}", all.message);
     }
 
     fn backup_pod(job: &str, exit_code: i32, message: &str) -> Pod {

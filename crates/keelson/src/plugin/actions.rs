@@ -12,7 +12,9 @@ use super::{OPERATOR_WAIT, PluginError, Result, Target, api_error, instance_pods
 use crate::api::MyDatabase;
 use crate::api::conditions::PAUSED_ANNOTATION;
 use crate::api::instance::ROLE_LABEL;
-use crate::api::mydatabase::{BACKUP_REQUEST_ANNOTATION, SWITCHOVER_ANNOTATION};
+use crate::api::mydatabase::{
+    BACKUP_REQUEST_ANNOTATION, FENCED_INSTANCES_ANNOTATION, SWITCHOVER_ANNOTATION, fenced_instances, is_fenced,
+};
 use crate::mydatabase::names;
 
 const FIELD_MANAGER: &str = "kubectl-keelson";
@@ -174,6 +176,72 @@ pub async fn backup(target: &Target, database: &str, wait: bool) -> Result<()> {
     })
     .await?;
     println!("backup taken and verified: {} ({} bytes)", taken.0, taken.1);
+    Ok(())
+}
+
+/// Adds `instance` to the database's fenced instances (or takes it off), then
+/// waits until its PostgreSQL stopped (its manager says so, the pod is not
+/// ready) or, unfenced, until the pod is ready again.
+pub async fn fence(target: &Target, database: &str, instance: &str, fenced: bool) -> Result<()> {
+    let db = target.database(database).await?;
+    let pods = instance_pods(target, &db).await?;
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    if instance != "*" && !names.iter().any(|n| n == instance) {
+        return Err(PluginError::Refused(format!(
+            "{instance} is not an instance of {database} (its instances: {})",
+            names.join(", ")
+        )));
+    }
+    let mut listed = fenced_instances(db.annotations());
+    match (fenced, instance) {
+        (true, _) if listed.iter().any(|n| n == instance) => {}
+        (true, _) => listed.push(instance.to_string()),
+        (false, "*") => listed.clear(),
+        (false, _) if listed.iter().any(|n| n == "*") => {
+            return Err(PluginError::Refused(format!(
+                "every instance of {database} is fenced (`*`): `kubectl keelson unfence {database} '*'` ends it"
+            )));
+        }
+        (false, _) => listed.retain(|n| n != instance),
+    }
+    let value = (!listed.is_empty()).then(|| listed.join(","));
+    // With the version read: a fence written meanwhile by someone else is not lost.
+    let patch = Patch::Merge(json!({"metadata": {
+        "resourceVersion": db.resource_version(),
+        "annotations": {FENCED_INSTANCES_ANNOTATION: value}}}));
+    target
+        .api::<MyDatabase>()
+        .patch(database, &PatchParams::default(), &patch)
+        .await
+        .map_err(api_error(format!("annotate MyDatabase {database}")))?;
+    let affected: Vec<&String> = names.iter().filter(|n| instance == "*" || *n == instance).collect();
+    let started = Instant::now();
+    loop {
+        let db = target.database(database).await?;
+        let pods = instance_pods(target, &db).await?;
+        let settled = affected.iter().all(|name| {
+            let Some(pod) = pods.iter().find(|p| p.name_any() == **name) else { return false };
+            let stopped = crate::mydatabase::instances::report(pod).is_some_and(|r| r.fenced);
+            match is_fenced(db.annotations(), name) {
+                true => stopped && !crate::runtime::pods::is_ready(pod),
+                false => !stopped && crate::runtime::pods::is_ready(pod),
+            }
+        });
+        if settled {
+            break;
+        }
+        if started.elapsed() > OPERATOR_WAIT {
+            let what = if fenced { "PostgreSQL to stop" } else { "the instance to be ready" };
+            return Err(PluginError::NoAnswer(format!("{what} on {}", instance)));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    match fenced {
+        true => println!(
+            "{instance} fenced: PostgreSQL stopped, the pod not ready (`kubectl keelson unfence {database} {instance}` ends it)"
+        ),
+        false => println!("{instance} unfenced: PostgreSQL runs, the pod is ready"),
+    }
     Ok(())
 }
 

@@ -75,6 +75,11 @@ pub enum PluginCommand {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Stops INSTANCE's PostgreSQL for maintenance (`*`: every instance); its pod stays, not ready.
+    /// A fenced primary is not failed over: no writes until it is unfenced.
+    Fence { database: String, instance: String },
+    /// Starts a fenced INSTANCE's PostgreSQL again (`*`: every fenced instance).
+    Unfence { database: String, instance: String },
     /// Keelson stops changing the database's children (no apply, no failover) until resumed.
     Pause { database: String },
     /// Keelson reconciles the database again.
@@ -208,6 +213,8 @@ pub async fn run(args: PluginArgs) -> Result<()> {
             actions::restore(&target, &name, &from, replicas, storage).await
         }
         PluginCommand::Psql { database, replica, args } => actions::psql(&target, &database, replica, &args).await,
+        PluginCommand::Fence { database, instance } => actions::fence(&target, &database, &instance, true).await,
+        PluginCommand::Unfence { database, instance } => actions::fence(&target, &database, &instance, false).await,
         PluginCommand::Pause { database } => actions::pause(&target, &database, true).await,
         PluginCommand::Resume { database } => actions::pause(&target, &database, false).await,
         PluginCommand::Report { database, file } => report::write(&target, &database, file.as_deref()).await,

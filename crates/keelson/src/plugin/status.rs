@@ -49,7 +49,11 @@ fn instance_view(db: &MyDatabase, pod: &Pod) -> InstanceView {
     let status = db.status.as_ref().and_then(|s| s.instance_statuses.iter().find(|i| i.name == pod.name_any()));
     InstanceView {
         name: pod.name_any(),
-        role: pod.labels().get(ROLE_LABEL).cloned().unwrap_or_else(|| "-".into()),
+        role: match (pod.labels().get(ROLE_LABEL), report.as_ref().is_some_and(|r| r.fenced)) {
+            (Some(role), true) => format!("{role} (fenced)"),
+            (Some(role), false) => role.clone(),
+            (None, _) => "-".into(),
+        },
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| "-".into()),
         ready: crate::runtime::pods::is_ready(pod),
         timeline: report.as_ref().map(|r| r.timeline),
@@ -63,7 +67,7 @@ fn instance_view(db: &MyDatabase, pod: &Pod) -> InstanceView {
 pub fn problems(db: &MyDatabase, instances: &[InstanceView]) -> Vec<String> {
     let conditions = db.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     // The conditions whose bad state is True, and those whose bad state is False.
-    let bad_when_true = ["FailoverBlocked", "RestartPending", "Paused"];
+    let bad_when_true = ["FailoverBlocked", "RestartPending", "Paused", "Fenced"];
     let bad_when_false = ["Ready", "SpecValid", "LastBackupSucceeded", "InstanceManagersCurrent", "InstancesSpread"];
     let mut out: Vec<String> = conditions
         .iter()

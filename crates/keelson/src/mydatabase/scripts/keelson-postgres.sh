@@ -392,6 +392,12 @@ prepare_for_role() {
     sleep 0.2
   done
   waited=0
+  # Fenced for maintenance (`kubectl keelson fence`): no server until unfenced.
+  until [[ ! -s "$ORDERS_DIR/maintenance-fence" ]]; do
+    (( waited++ % 150 == 0 )) && log "$(cat "$ORDERS_DIR/maintenance-fence" 2>/dev/null); waiting to be unfenced"
+    sleep 0.2
+  done
+  waited=0
   until role="$(cat "$ORDERS_DIR/role" 2>/dev/null)" && [[ "$role" == primary || "$role" == replica ]]; do
     (( waited++ % 50 == 0 )) && log "waiting for the operator to choose this pod's role ($ORDERS_DIR/role)"
     sleep 0.2
@@ -529,6 +535,11 @@ follow_orders() {
     fence_server
     return 0
   fi
+  if [[ -s "$ORDERS_DIR/maintenance-fence" ]] && "$(bin pg_ctl)" -D "$PGDATA" status >/dev/null 2>&1; then
+    log "$(cat "$ORDERS_DIR/maintenance-fence"): stopping PostgreSQL (fast)"
+    fence_server
+    return 0
+  fi
   # One look at the server answers every question below.
   state="$("${sql[@]}" -F '|' -c "SELECT pg_is_in_recovery(),
       EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
@@ -630,7 +641,7 @@ follow() {
 follow_orders_loop() {
   local stalled_since="" kicked="" seen="" orders looked=-1
   while sleep "${ORDERS_POLL:-0.2}"; do
-    orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" "$ORDERS_DIR/hold" "$ORDERS_DIR/upstream" "$ORDERS_DIR/upstream-sslmode" "$ORDERS_DIR/fence" 2>/dev/null || true)"
+    orders="$(cat "$ORDERS_DIR/role" "$ORDERS_DIR/synchronous-standbys" "$ORDERS_DIR/hold" "$ORDERS_DIR/upstream" "$ORDERS_DIR/upstream-sslmode" "$ORDERS_DIR/fence" "$ORDERS_DIR/maintenance-fence" 2>/dev/null || true)"
     [[ "$orders" != "$seen" || $SECONDS -ne $looked ]] || continue
     seen="$orders" looked=$SECONDS STREAMING="" IN_RECOVERY=""
     follow_orders || true
