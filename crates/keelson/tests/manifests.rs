@@ -135,3 +135,50 @@ fn helm_chart_refuses_values_outside_its_schema() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// The monitoring values render the PodMonitor, the PrometheusRule and the
+/// dashboard exactly as config/prometheus and config/grafana hold them, in the
+/// release namespace, with the labels a Prometheus or Grafana selects by.
+#[test]
+fn helm_chart_ships_the_monitoring_objects_on_request() {
+    let Some(rendered) = helm_template(&[
+        "--set",
+        "monitoring.podMonitor.enabled=true",
+        "--set",
+        "monitoring.podMonitor.labels.release=prometheus",
+        "--set",
+        "monitoring.prometheusRule.enabled=true",
+        "--set",
+        "monitoring.prometheusRule.labels.release=prometheus",
+        "--set",
+        "monitoring.grafanaDashboard.enabled=true",
+    ]) else {
+        return;
+    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let config = |file: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(root.join(file)).expect("read");
+        serde_json::to_value(serde_yaml::from_str::<serde_yaml::Value>(&text).expect("yaml")).expect("json")
+    };
+    for (kind, file) in [
+        ("PodMonitor", "config/prometheus/podmonitor.yaml"),
+        ("PrometheusRule", "config/prometheus/prometheusrule.yaml"),
+    ] {
+        let have = rendered.iter().find(|r| r["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));
+        assert_eq!(have["spec"], config(file)["spec"], "{kind} differs from {file}");
+        assert_eq!(have["metadata"]["namespace"], keelson::manifests::deploy::NAMESPACE);
+        assert_eq!(have["metadata"]["labels"]["release"], "prometheus", "{kind}");
+    }
+    let dashboard = rendered.iter().find(|r| r["kind"] == "ConfigMap").expect("the dashboard's ConfigMap");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let shipped: serde_json::Value =
+        serde_json::from_str(dashboard["data"]["keelson-mydatabase.json"].as_str().expect("json")).expect("parses");
+    let source: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("config/grafana/keelson-mydatabase.json")).expect("read"),
+    )
+    .expect("parses");
+    assert_eq!(shipped, source, "the chart's dashboard differs from config/grafana");
+    // Off by default.
+    let Some(default) = helm_template(&[]) else { return };
+    assert!(!default.iter().any(|r| r["kind"] == "PodMonitor" || r["kind"] == "PrometheusRule"));
+}

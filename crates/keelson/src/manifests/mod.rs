@@ -96,6 +96,14 @@ fn files_running(image: &str) -> Result<Vec<(String, String)>> {
         to_yaml(&admission::instance_policy())?,
         to_yaml(&admission::instance_policy_binding())?
     );
+    // The chart ships the monitoring files as they are under config/ (opt-in there).
+    for (file, content) in [
+        ("podmonitor.yaml", include_str!("../../../../config/prometheus/podmonitor.yaml")),
+        ("prometheusrule.yaml", include_str!("../../../../config/prometheus/prometheusrule.yaml")),
+        ("keelson-mydatabase.json", include_str!("../../../../config/grafana/keelson-mydatabase.json")),
+    ] {
+        files.push((format!("charts/keelson/files/{file}"), content.to_string()));
+    }
     files.push(("config/admission/instance_policy.yaml".into(), admission.clone()));
     files.push(("config/admission/kustomization.yaml".into(), kustomization(&["instance_policy.yaml"], None)));
     files.push(("charts/keelson/templates/instance-policy.yaml".into(), admission));
