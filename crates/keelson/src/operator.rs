@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use crate::runtime::controller::{ControllerDef, RunParams};
 use crate::runtime::health::{self, Readiness};
 use crate::runtime::leader::LeaderElector;
-use crate::runtime::{Context, Metrics, Settings};
+use crate::runtime::{Context, Metrics, Settings, secure_metrics};
 use crate::{mydatabase, webapp};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -35,6 +35,16 @@ pub struct RunArgs {
     /// Address of the Prometheus `/metrics` endpoint.
     #[arg(long, env = "KEELSON_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+
+    /// Serve `/metrics` over HTTPS to callers whose bearer token the API server
+    /// accepts and allows `get /metrics` (TokenReview, SubjectAccessReview).
+    #[arg(long, env = "KEELSON_METRICS_SECURE")]
+    pub metrics_secure: bool,
+
+    /// With --metrics-secure: a folder with `tls.crt` and `tls.key` (read again
+    /// when they change). Without it, a self-signed certificate made at start.
+    #[arg(long, env = "KEELSON_METRICS_CERT_DIR", requires = "metrics_secure")]
+    pub metrics_cert_dir: Option<std::path::PathBuf>,
 
     /// Address of the `/healthz` and `/readyz` endpoints.
     #[arg(long, env = "KEELSON_HEALTH_ADDR", default_value = "0.0.0.0:8081")]
@@ -73,6 +83,8 @@ pub enum RunError {
     Client(#[source] kube::Error),
     #[error("cannot listen on {0}: {1}")]
     Listen(SocketAddr, #[source] std::io::Error),
+    #[error("--metrics-secure: {0}")]
+    MetricsTls(#[source] crate::runtime::secure_metrics::SecureMetricsError),
     #[error("lost the leader Lease; exiting so another instance takes over")]
     LostLease,
 }
@@ -184,9 +196,16 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     health::serve(args.health_addr, health::health_router(readiness.clone()))
         .await
         .map_err(|e| RunError::Listen(args.health_addr, e))?;
-    health::serve(args.metrics_addr, health::metrics_router(metrics.clone()))
-        .await
-        .map_err(|e| RunError::Listen(args.metrics_addr, e))?;
+    let metrics_router = health::metrics_router(metrics.clone());
+    match args.metrics_secure {
+        true => {
+            let tls = secure_metrics::tls_config(args.metrics_cert_dir.as_deref()).map_err(RunError::MetricsTls)?;
+            let router = secure_metrics::authorized(metrics_router, secure_metrics::MetricsAuth::new(client.clone()));
+            secure_metrics::serve_tls(args.metrics_addr, router, tls).await
+        }
+        false => health::serve(args.metrics_addr, metrics_router).await,
+    }
+    .map_err(|e| RunError::Listen(args.metrics_addr, e))?;
 
     // `stop` flips to true on a termination signal; every task watches it.
     let (stop_tx, mut stop_rx) = watch::channel(false);

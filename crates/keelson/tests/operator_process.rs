@@ -180,3 +180,54 @@ async fn only_the_leader_reconciles_and_a_successor_takes_over() -> anyhow::Resu
     drop(third);
     Ok(())
 }
+
+/// `curl` of the operator's HTTPS `/metrics` with `token` (if any): the status code and body.
+fn curl_metrics(port: u16, token: Option<&str>) -> anyhow::Result<(u16, String)> {
+    let mut command = std::process::Command::new("curl");
+    command.args(["-sk", "--max-time", "5", "-w", "\n%{http_code}"]);
+    if let Some(token) = token {
+        command.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    let output = command.arg(format!("https://127.0.0.1:{port}/metrics")).output()?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+}
+
+/// `--metrics-secure`: HTTPS only, and only for a token the API server accepts
+/// whose user may `get /metrics` (the ClusterRole keelson-metrics-reader).
+#[tokio::test]
+async fn secure_metrics_serve_only_tokens_allowed_to_read_them() -> anyhow::Result<()> {
+    let cluster = cluster_or_skip!();
+    let ns = common::namespace(&cluster, "process-secure-metrics").await?;
+    common::grant_operator_rbac(&cluster, &ns).await?;
+    for account in ["scraper", "stranger"] {
+        testkit::kubectl(&["-n", &ns.name, "create", "serviceaccount", account])?;
+    }
+    common::bind_cluster_wide(&cluster, &ns, keelson::manifests::rbac::METRICS_READER_ROLE_NAME, "scraper").await?;
+    let token = |account: &str| -> anyhow::Result<String> {
+        Ok(testkit::kubectl(&["-n", &ns.name, "create", "token", account, "--duration=10m"])?.trim().to_string())
+    };
+    let (scraper, stranger) = (token("scraper")?, token("stranger")?);
+    let operator = start(&ns, "keelson-secure-metrics", &["--metrics-secure"])?;
+    let port = operator.metrics_port;
+    // Served once the scraper's right has reached the authorizer's cache.
+    let served = eventually(DEFAULT_TIMEOUT, "/metrics over HTTPS for the scraper", || async {
+        curl_metrics(port, Some(&scraper)).is_ok_and(|(code, body)| code == 200 && body.contains("keelson_build_info"))
+    })
+    .await;
+    if served.is_err() {
+        anyhow::bail!("{:?}; log:\n{}", curl_metrics(port, Some(&scraper)), operator.log_text());
+    }
+    assert_eq!(curl_metrics(port, None)?.0, 401, "no token");
+    assert_eq!(curl_metrics(port, Some("not-a-token"))?.0, 401, "a token the API server does not know");
+    let (code, body) = curl_metrics(port, Some(&stranger))?;
+    assert_eq!(code, 403, "a valid token without the right: {body}");
+    assert!(!body.contains("keelson_"), "a refusal leaks series: {body}");
+    // Plain HTTP gets nothing.
+    assert!(
+        testkit::process::http_get(port, "/metrics").await.map_or(true, |(code, _)| code != 200),
+        "served over plain HTTP"
+    );
+    Ok(())
+}

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::io::BufRead;
 
-use keelson::manifests::rbac::{cluster_role, node_reader_role};
+use keelson::manifests::rbac::{cluster_role, metrics_auth_role, node_reader_role};
 use testkit::control_plane::ControlPlane;
 
 /// Rights checked by admission, not requested: OwnerReferencesPermissionEnforcement
@@ -52,7 +52,8 @@ fn every_granted_right_was_used_by_the_suite() -> anyhow::Result<()> {
     }
     anyhow::ensure!(!used.is_empty(), "no request of a test operator in {}", plane.audit_log().display());
     let mut unused = Vec::new();
-    let granted = cluster_role().rules.into_iter().chain(node_reader_role().rules).flatten();
+    let granted =
+        [cluster_role(), node_reader_role(), metrics_auth_role()].into_iter().flat_map(|role| role.rules).flatten();
     for rule in granted {
         for group in rule.api_groups.iter().flatten() {
             for resource in rule.resources.iter().flatten() {

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::ObjectMeta;
 
-use super::rbac::{CLUSTER_ROLE_NAME, LEADER_ROLE_NAME, NODE_READER_ROLE_NAME};
+use super::rbac::{CLUSTER_ROLE_NAME, LEADER_ROLE_NAME, METRICS_AUTH_ROLE_NAME, NODE_READER_ROLE_NAME};
 use crate::operator::MANAGER_CONTAINER;
 use crate::runtime::{meta, security};
 
@@ -71,6 +71,10 @@ pub fn cluster_role_binding() -> ClusterRoleBinding {
 /// Binds the node reader cluster-wide, also in namespaced mode (nodes have no namespace).
 pub fn node_reader_binding() -> ClusterRoleBinding {
     cluster_binding(NODE_READER_ROLE_NAME)
+}
+
+pub fn metrics_auth_binding() -> ClusterRoleBinding {
+    cluster_binding(METRICS_AUTH_ROLE_NAME)
 }
 
 /// The ClusterRole `role` bound cluster-wide to the manager, under the same name.

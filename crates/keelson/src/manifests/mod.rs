@@ -68,6 +68,9 @@ fn files_running(image: &str) -> Result<Vec<(String, String)>> {
         ("role_binding.yaml", to_yaml(&deploy::cluster_role_binding())?),
         ("node_reader_role.yaml", to_yaml(&rbac::node_reader_role())?),
         ("node_reader_role_binding.yaml", to_yaml(&deploy::node_reader_binding())?),
+        ("metrics_auth_role.yaml", to_yaml(&rbac::metrics_auth_role())?),
+        ("metrics_auth_role_binding.yaml", to_yaml(&deploy::metrics_auth_binding())?),
+        ("metrics_reader_role.yaml", to_yaml(&rbac::metrics_reader_role())?),
         ("leader_election_role.yaml", to_yaml(&rbac::leader_election_role(deploy::NAMESPACE))?),
         ("leader_election_role_binding.yaml", to_yaml(&deploy::leader_election_role_binding())?),
         ("service_account.yaml", to_yaml(&deploy::service_account())?),
@@ -116,6 +119,16 @@ fn files_running(image: &str) -> Result<Vec<(String, String)>> {
         format!("{HEADER}{}", to_yaml(&rbac::cluster_role())?),
     ));
     files.push((
+        "charts/keelson/templates/metrics-auth.yaml".into(),
+        format!(
+            "{HEADER}{}{}{}",
+            to_yaml(&rbac::metrics_auth_role())?,
+            to_yaml(&deploy::metrics_auth_binding())?
+                .replace(&format!("namespace: {}", deploy::NAMESPACE), "namespace: {{ .Release.Namespace }}"),
+            to_yaml(&rbac::metrics_reader_role())?,
+        ),
+    ));
+    files.push((
         "charts/keelson/templates/node-reader.yaml".into(),
         format!(
             "{HEADER}{}{}",
@@ -151,6 +164,9 @@ pub fn chart_objects() -> Result<Vec<serde_json::Value>> {
         to_value(serde_json::to_value(deploy::cluster_role_binding()))?,
         to_value(serde_json::to_value(rbac::node_reader_role()))?,
         to_value(serde_json::to_value(deploy::node_reader_binding()))?,
+        to_value(serde_json::to_value(rbac::metrics_auth_role()))?,
+        to_value(serde_json::to_value(deploy::metrics_auth_binding()))?,
+        to_value(serde_json::to_value(rbac::metrics_reader_role()))?,
         to_value(serde_json::to_value(rbac::leader_election_role(deploy::NAMESPACE)))?,
         to_value(serde_json::to_value(deploy::leader_election_role_binding()))?,
         to_value(serde_json::to_value(deploy::manager_deployment(deploy::IMAGE)))?,

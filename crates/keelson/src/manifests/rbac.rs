@@ -7,11 +7,13 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use kube::api::ObjectMeta;
 
 use crate::operator::CONTROLLERS;
-use crate::runtime::permissions::{EVENTS, LEADER_ELECTION, NODES, Permission};
+use crate::runtime::permissions::{EVENTS, LEADER_ELECTION, METRICS_AUTH, NODES, Permission};
 
 pub const CLUSTER_ROLE_NAME: &str = "keelson-manager";
 pub const LEADER_ROLE_NAME: &str = "keelson-leader-election";
 pub const NODE_READER_ROLE_NAME: &str = "keelson-node-reader";
+pub const METRICS_AUTH_ROLE_NAME: &str = "keelson-metrics-auth";
+pub const METRICS_READER_ROLE_NAME: &str = "keelson-metrics-reader";
 
 fn labels() -> BTreeMap<String, String> {
     [("app.kubernetes.io/name", "keelson"), ("app.kubernetes.io/managed-by", "keelson")]
@@ -59,6 +61,37 @@ pub fn node_reader_role() -> ClusterRole {
     ClusterRole {
         metadata: ObjectMeta { name: Some(NODE_READER_ROLE_NAME.into()), labels: Some(labels()), ..Default::default() },
         rules: Some(rules(&[NODES])),
+        ..Default::default()
+    }
+}
+
+/// Checking who scrapes `/metrics` (`--metrics-secure`): cluster-scoped
+/// reviews, so bound cluster-wide in every mode.
+pub fn metrics_auth_role() -> ClusterRole {
+    ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(METRICS_AUTH_ROLE_NAME.into()),
+            labels: Some(labels()),
+            ..Default::default()
+        },
+        rules: Some(rules(&[METRICS_AUTH])),
+        ..Default::default()
+    }
+}
+
+/// What a scraper needs of `--metrics-secure`: bind it to Prometheus's ServiceAccount.
+pub fn metrics_reader_role() -> ClusterRole {
+    ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(METRICS_READER_ROLE_NAME.into()),
+            labels: Some(labels()),
+            ..Default::default()
+        },
+        rules: Some(vec![PolicyRule {
+            non_resource_urls: Some(vec!["/metrics".into()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        }]),
         ..Default::default()
     }
 }

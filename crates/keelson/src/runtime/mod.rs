@@ -23,6 +23,7 @@ pub mod pipeline;
 pub mod pods;
 pub mod queue;
 pub mod report;
+pub mod secure_metrics;
 pub mod security;
 pub mod status;
 

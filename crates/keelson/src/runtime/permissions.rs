@@ -22,3 +22,8 @@ pub const LEADER_ELECTION: &[Permission] =
 /// controller. Nodes are cluster-scoped: this lives in a ClusterRole of its
 /// own, bound cluster-wide also when the manager watches one namespace.
 pub const NODES: &[Permission] = &[Permission { group: "", resources: &["nodes"], verbs: &["list", "watch"] }];
+/// `--metrics-secure`: who is asking for `/metrics`, and may they.
+pub const METRICS_AUTH: &[Permission] = &[
+    Permission { group: "authentication.k8s.io", resources: &["tokenreviews"], verbs: &["create"] },
+    Permission { group: "authorization.k8s.io", resources: &["subjectaccessreviews"], verbs: &["create"] },
+];

@@ -80,7 +80,12 @@ pub async fn install(cluster: &Cluster) -> anyhow::Result<()> {
         .with_context(|| format!("CRD {name} not established"))??;
     }
     let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(cluster.client.clone());
-    for role in [manifests::rbac::cluster_role(), manifests::rbac::node_reader_role()] {
+    for role in [
+        manifests::rbac::cluster_role(),
+        manifests::rbac::node_reader_role(),
+        manifests::rbac::metrics_auth_role(),
+        manifests::rbac::metrics_reader_role(),
+    ] {
         let name = role.metadata.name.clone().unwrap_or_default();
         roles
             .patch(&name, &params, &Patch::Apply(&role))
@@ -150,17 +155,23 @@ pub async fn grant_operator_rbac(cluster: &Cluster, ns: &TestNamespace) -> anyho
         };
         ns.api::<RoleBinding>().patch(name, &params, &Patch::Apply(&binding)).await.context("bind role")?;
     }
-    bind_cluster_wide(cluster, ns, manifests::rbac::NODE_READER_ROLE_NAME).await
+    bind_cluster_wide(cluster, ns, manifests::rbac::NODE_READER_ROLE_NAME, OPERATOR_SA).await?;
+    bind_cluster_wide(cluster, ns, manifests::rbac::METRICS_AUTH_ROLE_NAME, OPERATOR_SA).await
 }
 
-/// Binds the ClusterRole `role` cluster-wide to the operator's ServiceAccount in `home`; the
+/// Binds the ClusterRole `role` cluster-wide to the ServiceAccount `account` in `home`; the
 /// binding goes with that namespace.
-async fn bind_cluster_wide(cluster: &Cluster, home: &TestNamespace, role: &str) -> anyhow::Result<()> {
+pub async fn bind_cluster_wide(
+    cluster: &Cluster,
+    home: &TestNamespace,
+    role: &str,
+    account: &str,
+) -> anyhow::Result<()> {
     let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
     let owner = namespaces.get(&home.name).await.context("home namespace")?;
     let binding = ClusterRoleBinding {
         metadata: ObjectMeta {
-            name: Some(format!("keelson-test-{}-{role}", home.name)),
+            name: Some(format!("keelson-test-{}-{account}-{role}", home.name)),
             owner_references: Some(vec![OwnerReference {
                 api_version: "v1".into(),
                 kind: "Namespace".into(),
@@ -177,7 +188,7 @@ async fn bind_cluster_wide(cluster: &Cluster, home: &TestNamespace, role: &str) 
         },
         subjects: Some(vec![Subject {
             kind: "ServiceAccount".into(),
-            name: OPERATOR_SA.into(),
+            name: account.into(),
             namespace: Some(home.name.clone()),
             ..Default::default()
         }]),
@@ -219,8 +230,8 @@ impl TestOperator {
     pub async fn start_from(cluster: &Cluster, home: &TestNamespace, watched: &TestNamespace) -> anyhow::Result<Self> {
         install(cluster).await?;
         operator_service_account(home).await?;
-        bind_cluster_wide(cluster, home, manifests::rbac::CLUSTER_ROLE_NAME).await?;
-        bind_cluster_wide(cluster, home, manifests::rbac::NODE_READER_ROLE_NAME).await?;
+        bind_cluster_wide(cluster, home, manifests::rbac::CLUSTER_ROLE_NAME, OPERATOR_SA).await?;
+        bind_cluster_wide(cluster, home, manifests::rbac::NODE_READER_ROLE_NAME, OPERATOR_SA).await?;
         Self::start_with_identity_in(cluster, home, watched).await
     }
 
