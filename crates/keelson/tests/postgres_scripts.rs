@@ -464,6 +464,24 @@ async fn instance_probe_reads_roles_version_and_lag_from_real_servers() -> anyho
     };
     assert_eq!(seen.role, Role::Primary);
     assert_eq!(seen.timeline, 1);
+    // The standbys it waits for, as applied (a scale-down goes by them).
+    let applied = primary.psql_superuser("postgres", "SHOW synchronous_standby_names")?;
+    assert_eq!(seen.synchronous_standby_names.as_deref(), Some(applied.as_str()));
+    primary.psql_superuser("postgres", "ALTER SYSTEM SET synchronous_standby_names = 'ANY 1 (\"db-1\")'")?;
+    primary.psql_superuser("postgres", "SELECT pg_reload_conf()")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let named = probe_of(&primary).probe(Duration::from_secs(10)).await?.synchronous_standby_names;
+        if named.as_deref() == Some(r#"ANY 1 ("db-1")"#) {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the primary never reported its new standbys: {named:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    primary.psql_superuser("postgres", "ALTER SYSTEM RESET synchronous_standby_names")?;
+    primary.psql_superuser("postgres", "SELECT pg_reload_conf()")?;
+    let replica_seen = probe_of(&replica).probe(Duration::from_secs(10)).await?;
+    assert_eq!(replica_seen.synchronous_standby_names, None, "a replica names none");
     assert!(version.starts_with(&seen.server_version), "{version} vs {}", seen.server_version);
     assert!(seen.server_version.chars().all(|c| c.is_ascii_digit() || c == '.'), "{}", seen.server_version);
 

@@ -425,6 +425,24 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
         &kube::api::Patch::Merge(json!({"spec": {"replicas": 1}})),
     )
     .await?;
+    // The replica goes only once the primary no longer waits for it (it may hold a commit
+    // nobody else confirmed): when its pod is deleted, the primary reports it unnamed.
+    let deadline = std::time::Instant::now() + DEFAULT_TIMEOUT;
+    let named_when_removed = loop {
+        let replica = pods.get_opt("small-db-1").await?;
+        if replica.is_none_or(|p| p.metadata.deletion_timestamp.is_some()) {
+            // The report that let the scale-down go on came first, and the list only shrinks.
+            let primary = pods.get_opt("small-db-0").await?;
+            let named = primary.as_ref().and_then(keelson::mydatabase::instances::report);
+            break named.and_then(|r| r.synchronous_standby_names);
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "small-db-1 was never removed");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(
+        named_when_removed.as_deref().is_some_and(|named| !named.contains("small-db-1")),
+        "small-db-1 removed while the primary still waited for it: {named_when_removed:?}"
+    );
     testkit::wait_for(&dbs, "small-db", "Running 1/1", DEFAULT_TIMEOUT, running(1)).await?;
     testkit::wait_for_deletion(&pods, "small-db-1", "the replica to stop", DEFAULT_TIMEOUT).await?;
     sql_in(&ns, "small-db-0", "CREATE TABLE t (v text); INSERT INTO t VALUES ('written while scaled down')")?;

@@ -63,6 +63,9 @@ pub struct InstanceReport {
     /// A replica: the WAL receiver is streaming from the primary.
     #[serde(default)]
     pub streaming: bool,
+    /// A primary: its `synchronous_standby_names` as it applies them now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synchronous_standby_names: Option<String>,
     /// A replica holding for a failover (no upstream): its position is final.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held: bool,
@@ -127,6 +130,7 @@ impl InstanceReport {
             && self.answering == other.answering
             && self.unresponsive == other.unresponsive
             && self.fenced == other.fenced
+            && self.synchronous_standby_names == other.synchronous_standby_names
             && replicas(self) == replicas(other)
     }
 }

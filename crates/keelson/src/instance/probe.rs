@@ -27,6 +27,9 @@ SELECT json_build_object(
   'receivedLsn', CASE WHEN pg_is_in_recovery()
       THEN greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) END,
   'streaming', EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
+  -- A primary: the standbys it waits for now (a scale-down removes one only once it is not named).
+  'synchronousStandbyNames', CASE WHEN pg_is_in_recovery() THEN NULL
+      ELSE current_setting('synchronous_standby_names') END,
   -- Holding for a failover: a replica with no upstream to stream from.
   'held', pg_is_in_recovery() AND current_setting('primary_conninfo') = '',
   'replicas', (SELECT coalesce(json_agg(json_build_object(

@@ -353,6 +353,7 @@ pub(crate) mod tests {
             replicas: vec![],
             unresponsive: false,
             fenced: false,
+            synchronous_standby_names: None,
         };
         let mut pod = Pod::default();
         pod.metadata.name = Some(name.into());

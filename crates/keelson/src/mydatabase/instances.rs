@@ -102,6 +102,7 @@ mod tests {
             }],
             unresponsive: false,
             fenced: false,
+            synchronous_standby_names: None,
             held: false,
         }
     }

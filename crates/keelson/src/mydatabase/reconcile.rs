@@ -189,7 +189,7 @@ impl Reconciler for MyDatabaseReconciler {
                 db,
                 &self.ctx.settings.instance_image,
                 observed.statefulset.as_ref(),
-                |image| self.statefulset(db, image, &scripts_hash),
+                |image| self.statefulset(db, &observed.pods, image, &scripts_hash),
             )?,
             disruption_budgets: pdb::build(db)?,
             backup_cron_job: backup::cronjob(db, verify_server)?,
@@ -415,12 +415,23 @@ impl Reconciler for MyDatabaseReconciler {
 impl MyDatabaseReconciler {
     /// The StatefulSet with the instance manager from `manager_image`, keeping
     /// the primary's pod while a scale-down waits for its handover.
-    fn statefulset(&self, db: &MyDatabase, manager_image: &str, scripts_hash: &str) -> Result<StatefulSet> {
+    fn statefulset(
+        &self,
+        db: &MyDatabase,
+        pods: &[Pod],
+        manager_image: &str,
+        scripts_hash: &str,
+    ) -> Result<StatefulSet> {
         let settings = Settings { instance_image: manager_image.to_string(), ..self.ctx.settings.clone() };
         let mut statefulset = statefulset::build_with_scripts(db, &settings, scripts_hash)?;
         let status_primary = db.status.as_ref().and_then(|s| s.current_primary.clone());
         let primary = self.state(db).chosen.or(status_primary);
-        let keep = drain::instances_to_keep(db.spec.replicas.max(0) as u32, primary.as_deref());
+        let named = primary
+            .as_ref()
+            .and_then(|primary| pods.iter().find(|p| p.name_any() == *primary))
+            .and_then(instances::report)
+            .and_then(|report| report.synchronous_standby_names);
+        let keep = drain::instances_to_keep(db.spec.replicas.max(0) as u32, primary.as_deref(), named.as_deref());
         if let Some(spec) = statefulset.spec.as_mut() {
             spec.replicas = Some(keep as i32);
         }

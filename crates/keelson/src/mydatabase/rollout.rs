@@ -117,6 +117,7 @@ mod tests {
             replicas: vec![],
             unresponsive: false,
             fenced: false,
+            synchronous_standby_names: None,
             held: false,
         };
         let mut pod = Pod::default();
