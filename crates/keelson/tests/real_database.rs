@@ -469,6 +469,24 @@ async fn password_rotation_reaches_the_role_and_a_returning_replica_catches_up()
     assert_eq!(sql_in(&ns, "small-db-1", "SELECT count(*) FROM filler")?, "24");
     let recloned_at = data_written()?;
     assert!(recloned_at > cloned_at, "the stale replica was not cloned afresh ({cloned_at} → {recloned_at})");
+    // ... which status records, with an Event, saying why.
+    let rebuilt = testkit::wait_for(&dbs, "small-db", "the rebuild in status", DEFAULT_TIMEOUT, |db| {
+        db.status.as_ref().and_then(|s| s.last_replica_rebuild.as_ref()).is_some_and(|r| r.instance == "small-db-1")
+    })
+    .await?;
+    let record = rebuilt.status.and_then(|s| s.last_replica_rebuild).expect("lastReplicaRebuild");
+    assert!(record.reason.contains("WAL") || record.reason.contains("rejoin"), "{record:?}");
+    let events = testkit::kubectl(&[
+        "-n",
+        &ns.name,
+        "get",
+        "events",
+        "--field-selector",
+        "reason=ReplicaRebuilt",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ])?;
+    assert!(events.contains("small-db-1 was cloned afresh"), "{events}");
     Ok(())
 }
 

@@ -63,6 +63,9 @@ pub struct InstanceReport {
     /// A replica: the WAL receiver is streaming from the primary.
     #[serde(default)]
     pub streaming: bool,
+    /// When its data was last cloned afresh over older data, and why: `<epoch seconds> <why>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuilt: Option<String>,
     /// A primary: its `synchronous_standby_names` as it applies them now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synchronous_standby_names: Option<String>,
@@ -131,6 +134,7 @@ impl InstanceReport {
             && self.unresponsive == other.unresponsive
             && self.fenced == other.fenced
             && self.synchronous_standby_names == other.synchronous_standby_names
+            && self.rebuilt == other.rebuilt
             && replicas(self) == replicas(other)
     }
 }

@@ -356,6 +356,10 @@ pub struct MyDatabaseStatus {
     /// promoted, and the positions compared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover: Option<FailoverRecord>,
+    /// The newest fresh clone of a replica over its older data (it could not
+    /// follow the primary any other way), with an Event `ReplicaRebuilt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_replica_rebuild: Option<ReplicaRebuild>,
     /// Each instance: its role, readiness and replication lag, from its pod.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instance_statuses: Vec<InstanceStatus>,
@@ -383,6 +387,16 @@ pub struct BackupRecord {
     pub size_bytes: i64,
     /// Read back completely when it was taken.
     pub verified: bool,
+}
+
+/// A replica cloned afresh over its older data.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaRebuild {
+    pub instance: String,
+    pub at: Time,
+    /// Why its data could not follow the primary.
+    pub reason: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]

@@ -509,6 +509,7 @@ mod tests {
             unresponsive: false,
             fenced: false,
             synchronous_standby_names: None,
+            rebuilt: None,
             held: false,
         }
     }

@@ -354,6 +354,7 @@ pub(crate) mod tests {
             unresponsive: false,
             fenced: false,
             synchronous_standby_names: None,
+            rebuilt: None,
         };
         let mut pod = Pod::default();
         pod.metadata.name = Some(name.into());

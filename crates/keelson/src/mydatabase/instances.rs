@@ -4,10 +4,12 @@
 //! primary is Keelson's decision (`failover`), not read from here.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::api::instance::{ANNOTATION, InstanceReport, Role};
-use crate::api::mydatabase::InstanceStatus;
+use crate::api::mydatabase::{InstanceStatus, ReplicaRebuild};
 use crate::runtime::pods;
 
 /// The report on `pod`, if its manager sent one that reads.
@@ -20,6 +22,20 @@ pub fn report(pod: &Pod) -> Option<InstanceReport> {
 pub struct Topology {
     pub instances: Vec<InstanceStatus>,
     pub server_version: Option<String>,
+}
+
+/// The newest rebuild any instance reports, if newer than `since` (the last
+/// recorded, else the database's creation: retained volumes bring older ones).
+pub fn newest_rebuild(pods: &[Pod], since: Option<&Time>) -> Option<ReplicaRebuild> {
+    pods.iter()
+        .filter_map(|pod| {
+            let said = report(pod)?.rebuilt?;
+            let (at, reason) = said.split_once(' ')?;
+            let at = Timestamp::from_second(at.parse().ok()?).ok()?;
+            Some(ReplicaRebuild { instance: pod.name_any(), at: Time(at), reason: reason.trim().to_string() })
+        })
+        .filter(|rebuild| since.is_none_or(|since| rebuild.at.0 > since.0))
+        .max_by_key(|rebuild| rebuild.at.0)
 }
 
 pub fn observe(pods: &[Pod]) -> Topology {
@@ -85,6 +101,23 @@ mod tests {
         pod
     }
 
+    #[test]
+    fn the_newest_rebuild_since_the_last_recorded_is_new() {
+        let rebuilt = |at: &str| InstanceReport { rebuilt: Some(format!("{at} its WAL was gone")), ..primary() };
+        let pods = [
+            pod("db-1", true, Some(&rebuilt("1800000000"))),
+            pod("db-2", true, Some(&rebuilt("1800000100"))),
+            pod("db-3", true, Some(&InstanceReport { rebuilt: Some("garbage".into()), ..primary() })),
+            pod("db-0", true, Some(&primary())),
+        ];
+        let newest = newest_rebuild(&pods, None).expect("a rebuild");
+        assert_eq!((newest.instance.as_str(), newest.reason.as_str()), ("db-2", "its WAL was gone"));
+        assert_eq!(newest.at.0.as_second(), 1_800_000_100);
+        assert_eq!(newest_rebuild(&pods, Some(&newest.at)), None, "recorded: not new");
+        let before = Time(Timestamp::from_second(1_800_000_050).expect("time"));
+        assert_eq!(newest_rebuild(&pods, Some(&before)).map(|r| r.instance), Some("db-2".to_string()));
+    }
+
     fn primary() -> InstanceReport {
         InstanceReport {
             role: Role::Primary,
@@ -103,6 +136,7 @@ mod tests {
             unresponsive: false,
             fenced: false,
             synchronous_standby_names: None,
+            rebuilt: None,
             held: false,
         }
     }

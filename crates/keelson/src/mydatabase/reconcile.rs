@@ -210,6 +210,12 @@ impl Reconciler for MyDatabaseReconciler {
             let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
             self.ctx.metrics.record_backup(&namespace, &name, finished_at, status.last_backup_size_bytes);
         }
+        if let Some(rebuild) = instances::newest_rebuild(&observed.pods, status::rebuilds_since(db)) {
+            // Healing worth knowing of: a replica's data could not follow, and was replaced.
+            let note = format!("{} was cloned afresh from the primary: {}", rebuild.instance, rebuild.reason);
+            tracing::warn!(namespace = db.namespace().unwrap_or_default(), name = db.name_any(), "{note}");
+            self.ctx.event(&db.object_ref(&()), EventType::Warning, "ReplicaRebuilt", "Clone", note).await;
+        }
         let name = names::statefulset(db);
         // The replication password first: once it has its own Secret, the credentials may drop it.
         let replication = applier.apply(&caches.secrets, desired.replication).await;

@@ -118,6 +118,7 @@ mod tests {
             unresponsive: false,
             fenced: false,
             synchronous_standby_names: None,
+            rebuilt: None,
             held: false,
         };
         let mut pod = Pod::default();

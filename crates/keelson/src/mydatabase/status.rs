@@ -112,6 +112,12 @@ fn restore_condition(db: &MyDatabase, progress: &Progress) -> DesiredCondition {
     }
 }
 
+/// Rebuilds after this are new: the last recorded, else the database's creation.
+pub fn rebuilds_since(db: &MyDatabase) -> Option<&Time> {
+    let recorded = db.status.as_ref().and_then(|s| s.last_replica_rebuild.as_ref()).map(|r| &r.at);
+    recorded.or(db.metadata.creation_timestamp.as_ref())
+}
+
 /// Which instances are fenced for maintenance, and what that costs; a name
 /// that is no instance of this database is said, not ignored.
 fn fenced_condition(db: &MyDatabase, pods: &[Pod]) -> Option<DesiredCondition> {
@@ -350,6 +356,8 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
         server_version: topology.server_version,
         instance_statuses: topology.instances,
         last_failover: observed.failover.clone().or_else(|| previous.and_then(|s| s.last_failover.clone())),
+        last_replica_rebuild: super::instances::newest_rebuild(&observed.pods, rebuilds_since(db))
+            .or_else(|| previous.and_then(|s| s.last_replica_rebuild.clone())),
         credentials_secret: Some(names::credentials(db)),
         observed_generation: db.metadata.generation,
         conditions: merge_conditions(previous_conditions, &conditions, db.metadata.generation, now),

@@ -281,6 +281,14 @@ init_replica() {
   log "replica initialised; it streams from $upstream"
 }
 
+# Replaces this instance's data with a fresh clone, and says so beside it (the
+# instance manager reports it; the operator records it with an Event).
+reclone() {
+  rm -rf "$PGDATA"
+  init_replica
+  printf '%s %s\n' "$(date -u +%s)" "$1" > "$(dirname "$PGDATA")/.keelson-rebuilt"
+}
+
 # A former primary (its data is not a standby's) made a replica of
 # $PRIMARY_HOST: pg_rewind undoes what it wrote after the new primary's
 # timeline forked; when that cannot be done, a fresh clone replaces it.
@@ -291,8 +299,8 @@ rejoin() {
   if [[ -f "$marker" ]]; then
     # The last rejoin never reached streaming: its data is not to be trusted.
     log "the previous rejoin did not stream; cloning $upstream afresh"
-    rm -rf "$PGDATA" "$marker"
-    init_replica
+    rm -f "$marker"
+    reclone "the previous rejoin did not reach streaming"
     return
   fi
   log "rejoining as a replica of $upstream"
@@ -310,8 +318,7 @@ rejoin() {
     if [[ "$stalled" == 1 && "$output" == *"no rewind required"* ]]; then
       # Not diverged, yet it could not stream: the primary no longer has the WAL it needs.
       log "nothing to rewind, yet it could not stream: $upstream no longer has the WAL it needs; cloning afresh"
-      rm -rf "$PGDATA"
-      init_replica
+      reclone "the primary no longer had the WAL it needed"
       return
     fi
     # Also when no rewind was needed (same timeline): this data follows the primary now.
@@ -320,8 +327,7 @@ rejoin() {
   else
     sed 's/^/pg_rewind: /' <<<"$output" >&2
     log "pg_rewind failed; cloning $upstream afresh"
-    rm -rf "$PGDATA"
-    init_replica
+    reclone "its data could not be rewound onto the primary's timeline"
   fi
 }
 
