@@ -641,6 +641,48 @@ impl Drop for KillGroups {
     }
 }
 
+/// A primary that names a synchronous standby and whose manager was just
+/// heard from, with its orders folder; `follow_orders` runs the script's
+/// `follow-orders` on it once, `answers` says whether it serves.
+struct OrderedPrimary {
+    script: PathBuf,
+    primary: Server,
+    orders: PathBuf,
+    // Last: the server stops before its folder goes.
+    _scratch: Scratch,
+}
+
+impl OrderedPrimary {
+    fn new(name: &str) -> anyhow::Result<Self> {
+        let scratch = Scratch::new(name)?;
+        let script = script()?;
+        let primary = primary(&scratch, &script)?;
+        let orders = scratch.path.join("orders");
+        std::fs::create_dir_all(&orders)?;
+        std::fs::write(orders.join("role"), "primary")?;
+        std::fs::write(orders.join("synchronous-standbys"), "ANY 1 (\"db-1\")")?;
+        std::fs::write(orders.join("heartbeat"), "1")?;
+        chown_postgres(&orders)?;
+        Ok(OrderedPrimary { script, primary, orders, _scratch: scratch })
+    }
+
+    fn follow_orders(&self) -> anyhow::Result<std::process::Output> {
+        let env = [
+            ("PGBIN", postgres::bindir().to_string_lossy().into_owned()),
+            ("PGDATA", self.primary.data.to_string_lossy().into_owned()),
+            ("PGHOST", self.primary.socket_dir().to_string_lossy().into_owned()),
+            ("PGPORT", self.primary.port.to_string()),
+            ("ORDERS_DIR", self.orders.to_string_lossy().into_owned()),
+            ("POD_NAME", "db-0".to_string()),
+        ];
+        run(&self.script, &["follow-orders"], &env)
+    }
+
+    fn answers(&self) -> bool {
+        self.primary.psql_superuser("postgres", "SELECT 1").is_ok_and(|one| one == "1")
+    }
+}
+
 /// A primary whose instance manager went silent (down or stuck: no fence
 /// could come from it), with no replica streaming from it, stops; one whose
 /// manager is heard from keeps serving.
@@ -649,27 +691,8 @@ fn a_primary_stops_when_its_manager_is_silent_and_no_standby_streams() -> anyhow
     if !postgres::available() {
         return Ok(());
     }
-    let scratch = Scratch::new("silent")?;
-    let script = script()?;
-    let primary = primary(&scratch, &script)?;
-    let orders = scratch.path.join("orders");
-    std::fs::create_dir_all(&orders)?;
-    std::fs::write(orders.join("role"), "primary")?;
-    std::fs::write(orders.join("synchronous-standbys"), "ANY 1 (\"db-1\")")?;
-    std::fs::write(orders.join("heartbeat"), "1")?;
-    chown_postgres(&orders)?;
-    let follow_orders = || -> anyhow::Result<std::process::Output> {
-        let env = [
-            ("PGBIN", postgres::bindir().to_string_lossy().into_owned()),
-            ("PGDATA", primary.data.to_string_lossy().into_owned()),
-            ("PGHOST", primary.socket_dir().to_string_lossy().into_owned()),
-            ("PGPORT", primary.port.to_string()),
-            ("ORDERS_DIR", orders.to_string_lossy().into_owned()),
-            ("POD_NAME", "db-0".to_string()),
-        ];
-        run(&script, &["follow-orders"], &env)
-    };
-    let answers = || primary.psql_superuser("postgres", "SELECT 1").is_ok_and(|one| one == "1");
+    let ordered = OrderedPrimary::new("silent")?;
+    let (orders, follow_orders, answers) = (&ordered.orders, || ordered.follow_orders(), || ordered.answers());
     let out = follow_orders()?;
     anyhow::ensure!(out.status.success(), "follow-orders: {}", String::from_utf8_lossy(&out.stderr));
     assert!(answers(), "stopped though its manager is heard from");
@@ -691,27 +714,8 @@ fn a_server_fenced_for_maintenance_stops() -> anyhow::Result<()> {
     if !postgres::available() {
         return Ok(());
     }
-    let scratch = Scratch::new("maintenance-fence")?;
-    let script = script()?;
-    let primary = primary(&scratch, &script)?;
-    let orders = scratch.path.join("orders");
-    std::fs::create_dir_all(&orders)?;
-    std::fs::write(orders.join("role"), "primary")?;
-    std::fs::write(orders.join("synchronous-standbys"), "ANY 1 (\"db-1\")")?;
-    std::fs::write(orders.join("heartbeat"), "1")?;
-    chown_postgres(&orders)?;
-    let follow_orders = || -> anyhow::Result<std::process::Output> {
-        let env = [
-            ("PGBIN", postgres::bindir().to_string_lossy().into_owned()),
-            ("PGDATA", primary.data.to_string_lossy().into_owned()),
-            ("PGHOST", primary.socket_dir().to_string_lossy().into_owned()),
-            ("PGPORT", primary.port.to_string()),
-            ("ORDERS_DIR", orders.to_string_lossy().into_owned()),
-            ("POD_NAME", "db-0".to_string()),
-        ];
-        run(&script, &["follow-orders"], &env)
-    };
-    let answers = || primary.psql_superuser("postgres", "SELECT 1").is_ok_and(|one| one == "1");
+    let ordered = OrderedPrimary::new("maintenance-fence")?;
+    let (orders, follow_orders, answers) = (&ordered.orders, || ordered.follow_orders(), || ordered.answers());
     let out = follow_orders()?;
     anyhow::ensure!(out.status.success(), "follow-orders: {}", String::from_utf8_lossy(&out.stderr));
     assert!(answers(), "stopped though not fenced");
