@@ -46,7 +46,7 @@ async fn every_plugin_command_works_on_a_live_three_instance_database() -> anyho
     let dbs = ns.api::<MyDatabase>();
     let db: MyDatabase = serde_json::from_value(json!({
         "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": "ledger"},
-        "spec": {"replicas": 3, "version": "15.2", "storage": "1Gi",
+        "spec": {"replicas": 3, "version": "15.2", "storage": "1Gi", "restoreTo": ["ledger-copy"],
                  "backup": {"schedule": "0 2 * * *", "retention": "7d"}}
     }))?;
     dbs.create(&PostParams::default(), &db).await?;
@@ -136,6 +136,17 @@ async fn every_plugin_command_works_on_a_live_three_instance_database() -> anyho
     assert_eq!(newest["name"], taken.as_str(), "{listed}");
     assert_eq!(newest["verified"], true);
     assert!(plugin(&ns, &["backups", "ledger"]).await?.contains(&taken));
+
+    // restore: a new database from that backup, by name, with its data; a name not kept is refused.
+    let missing = plugin(&ns, &["restore", "ledger-copy", "--from", "ledger", "--backup", "app-nope.dump"]).await;
+    assert!(missing.is_err_and(|e| e.to_string().contains("keeps no backup app-nope.dump")), "an unknown backup");
+    let restored = plugin(&ns, &["restore", "ledger-copy", "--from", "ledger", "--backup", &taken]).await?;
+    assert!(restored.contains(&format!("ledger's backup {taken}")), "{restored}");
+    testkit::wait_for(&dbs, "ledger-copy", "the copy Running 1/1", DEFAULT_TIMEOUT, running(1)).await?;
+    eventually(DEFAULT_TIMEOUT, "the backed-up row in the copy", || async {
+        common::clients::sql_in(&ns, "ledger-copy-0", "SELECT count(*) FROM t").is_ok_and(|n| n == "1")
+    })
+    .await?;
 
     // pause: a deleted child stays deleted through reconciles; resume brings it back.
     plugin(&ns, &["pause", "ledger"]).await?;

@@ -261,13 +261,30 @@ pub async fn pause(target: &Target, database: &str, paused: bool) -> Result<()> 
     Ok(())
 }
 
-pub async fn restore(target: &Target, name: &str, from: &str, replicas: i32, storage: Option<String>) -> Result<()> {
+pub async fn restore(
+    target: &Target,
+    name: &str,
+    from: &str,
+    backup: Option<String>,
+    replicas: i32,
+    storage: Option<String>,
+) -> Result<()> {
     let source = target.database(from).await?;
+    if let Some(backup) = &backup {
+        let kept = source.status.as_ref().map(|s| s.backups.as_slice()).unwrap_or_default();
+        if !kept.is_empty() && !kept.iter().any(|b| b.name == *backup) {
+            let names: Vec<&str> = kept.iter().map(|b| b.name.as_str()).collect();
+            return Err(PluginError::Refused(format!(
+                "{from} keeps no backup {backup} (it keeps: {})",
+                names.join(", ")
+            )));
+        }
+    }
     let db: MyDatabase = serde_json::from_value(json!({
         "apiVersion": "db.keelson.dev/v1", "kind": "MyDatabase", "metadata": {"name": name},
         "spec": {"replicas": replicas, "version": source.spec.version,
                  "storage": storage.unwrap_or_else(|| source.spec.storage.clone()),
-                 "restoreFrom": {"database": from}}
+                 "restoreFrom": {"database": from, "backup": backup}}
     }))
     .map_err(|e| PluginError::Print(e.to_string()))?;
     target
@@ -275,9 +292,8 @@ pub async fn restore(target: &Target, name: &str, from: &str, replicas: i32, sto
         .create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &db)
         .await
         .map_err(api_error(format!("create MyDatabase {name}")))?;
-    println!(
-        "MyDatabase {name} created from the newest backup of {from}; follow it with `kubectl keelson status {name}`"
-    );
+    let which = backup.map_or_else(|| format!("the newest backup of {from}"), |b| format!("{from}'s backup {b}"));
+    println!("MyDatabase {name} created from {which}; follow it with `kubectl keelson status {name}`");
     if !source.spec.restore_to.iter().any(|allowed| allowed == name) {
         println!("note: {from} does not list {name} in spec.restoreTo; the restore waits until it does");
     }

@@ -55,11 +55,14 @@ pub enum PluginCommand {
     },
     /// The backups kept, with time, size and whether each was verified.
     Backups { database: String },
-    /// A new MyDatabase NAME restored from the newest backup of FROM.
+    /// A new MyDatabase NAME restored from a backup of FROM (the newest, or --backup).
     Restore {
         name: String,
         #[arg(long)]
         from: String,
+        /// A backup's name, as `backups FROM` lists it (default: the newest).
+        #[arg(long)]
+        backup: Option<String>,
         /// Instances of the new database.
         #[arg(long, default_value_t = 1)]
         replicas: i32,
@@ -209,8 +212,8 @@ pub async fn run(args: PluginArgs) -> Result<()> {
         PluginCommand::Backups { database } => status::backups(&target, &database, output).await,
         PluginCommand::Promote { database, instance } => actions::promote(&target, &database, &instance).await,
         PluginCommand::Backup { database, wait } => actions::backup(&target, &database, wait).await,
-        PluginCommand::Restore { name, from, replicas, storage } => {
-            actions::restore(&target, &name, &from, replicas, storage).await
+        PluginCommand::Restore { name, from, backup, replicas, storage } => {
+            actions::restore(&target, &name, &from, backup, replicas, storage).await
         }
         PluginCommand::Psql { database, replica, args } => actions::psql(&target, &database, replica, &args).await,
         PluginCommand::Fence { database, instance } => actions::fence(&target, &database, &instance, true).await,
