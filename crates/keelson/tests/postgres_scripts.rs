@@ -482,6 +482,16 @@ async fn instance_probe_reads_roles_version_and_lag_from_real_servers() -> anyho
     primary.psql_superuser("postgres", "SELECT pg_reload_conf()")?;
     let replica_seen = probe_of(&replica).probe(Duration::from_secs(10)).await?;
     assert_eq!(replica_seen.synchronous_standby_names, None, "a replica names none");
+    // A rebuild record beside the data is reported; one that is damaged is left out, and no
+    // content of that file makes the look fail (a primary would then look hung).
+    let record = primary.data.parent().context("the volume")?.join(".keelson-rebuilt");
+    assert_eq!(probe_of(&primary).probe(Duration::from_secs(10)).await?.rebuilt, None, "no record");
+    std::fs::write(&record, "1800000000 its WAL was gone\n")?;
+    let said = probe_of(&primary).probe(Duration::from_secs(10)).await?.rebuilt;
+    assert_eq!(said.as_deref(), Some("1800000000 its WAL was gone"));
+    std::fs::write(&record, b"18000\0\xff\n'; drop table x; --")?;
+    assert_eq!(probe_of(&primary).probe(Duration::from_secs(10)).await?.rebuilt, None, "damaged: left out");
+    std::fs::remove_file(&record)?;
     assert!(version.starts_with(&seen.server_version), "{version} vs {}", seen.server_version);
     assert!(seen.server_version.chars().all(|c| c.is_ascii_digit() || c == '.'), "{}", seen.server_version);
 

@@ -114,15 +114,18 @@ pub struct RunArgs {
 /// The hold and the upstream are written empty when the operator removed them.
 fn write_orders(dir: &Path, pod: &Pod) -> Result<(), InstanceError> {
     let none = String::new();
+    let fence = pod.annotations().get(FENCE);
     // The upstream before the hold (a lifted hold is never read with the old primary's address),
     // and the hold before the role (a held replica never starts as an unheld one).
     let orders = [
         ("upstream-sslmode", Some(pod.annotations().get(UPSTREAM_SSLMODE).unwrap_or(&none))),
         ("upstream", Some(pod.annotations().get(UPSTREAM).unwrap_or(&none))),
         ("hold", Some(pod.annotations().get(HOLD_STREAMING).unwrap_or(&none))),
-        // Before the role: a fenced instance never starts in a new role first.
-        ("maintenance-fence", Some(pod.annotations().get(FENCE).unwrap_or(&none))),
+        // A fence before the role (a fenced instance never starts in a new role first); its
+        // removal after it (an unfenced one starts in the role of this same look).
+        ("maintenance-fence", fence.filter(|why| !why.is_empty())),
         ("role", pod.labels().get(ROLE_LABEL)),
+        ("maintenance-fence", Some(fence.unwrap_or(&none))),
         ("synchronous-standbys", pod.annotations().get(SYNCHRONOUS_STANDBYS)),
     ];
     for (file, value) in orders {
@@ -281,6 +284,7 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
     // often until it has, so that the final position reaches the operator at once.
     let mut final_position = false;
     let mut seen_orders = Orders::default();
+    let mut was_fenced = false;
     // PostgreSQL's metrics for Prometheus, beside the reports (`metrics`).
     let _metrics = AbortOnDrop(tokio::spawn(metrics::serve(server.clone())));
     let lease = Arc::new(Mutex::new(Lease::new(Instant::now())));
@@ -313,6 +317,11 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
             },
         }
         looked = tokio::time::Instant::now();
+        if was_fenced && !seen_orders.fenced {
+            // Unfenced: the server starts again, and is not hung until it has answered once.
+            answered_last = None;
+        }
+        was_fenced = seen_orders.fenced;
         if let Some(exe) = &exe
             && let Some(next) = upgrade::waiting(exe)
         {
@@ -380,7 +389,6 @@ pub async fn run(args: RunArgs) -> Result<(), InstanceError> {
                 failing_since = None;
                 answered_last = Some(Instant::now());
                 seen.answering = answering.clone();
-                seen.fenced = seen_orders.fenced;
                 reporter.consider(&seen, Instant::now()).then_some(seen)
             }
             // Starting, restarting or recovering (the pod's readiness says so), or hung.

@@ -28,7 +28,10 @@ SELECT json_build_object(
       THEN greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) END,
   'streaming', EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
   -- Its data's last fresh clone over older data, '<epoch> <why>' (keelson-postgres.sh reclone).
-  'rebuilt', nullif(trim(pg_read_file(current_setting('data_directory') || '/../.keelson-rebuilt', 0, 512, true)), ''),
+  -- Read as bytes, kept only when well formed: no content of that file can fail this look.
+  'rebuilt', (SELECT CASE WHEN said ~ '^[0-9]{1,12} [ -~]+$' THEN said END FROM (SELECT trim(E'\n ' FROM
+      encode(pg_read_binary_file(current_setting('data_directory') || '/../.keelson-rebuilt', 0, 512, true), 'escape'))
+      AS said) AS file),
   -- A primary: the standbys it waits for now (a scale-down removes one only once it is not named).
   'synchronousStandbyNames', CASE WHEN pg_is_in_recovery() THEN NULL
       ELSE current_setting('synchronous_standby_names') END,

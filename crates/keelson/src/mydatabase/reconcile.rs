@@ -216,6 +216,7 @@ impl Reconciler for MyDatabaseReconciler {
             tracing::warn!(namespace = db.namespace().unwrap_or_default(), name = db.name_any(), "{note}");
             self.ctx.event(&db.object_ref(&()), EventType::Warning, "ReplicaRebuilt", "Clone", note).await;
         }
+        sync_fences(db, &observed.pods, applier).await;
         let name = names::statefulset(db);
         // The replication password first: once it has its own Secret, the credentials may drop it.
         let replication = applier.apply(&caches.secrets, desired.replication).await;
@@ -1068,6 +1069,25 @@ async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Appl
     }
 }
 
+/// The fence order on each pod as `FENCED_INSTANCES_ANNOTATION` says, in every
+/// pass whatever the failover's state: an unfence must reach a replica that a
+/// blocked failover waits to hear from.
+async fn sync_fences(db: &MyDatabase, pods: &[Pod], applier: &Applier<'_>) {
+    for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        let Some(patch) = fence_patch(db, pod) else { continue };
+        if applier.merge_patch::<Pod>(&pod.name_any(), &patch, "fence").await {
+            tracing::info!(namespace = ?pod.namespace(), pod = %pod.name_any(), fenced = !patch["metadata"]["annotations"][FENCE].is_null(), "fence order");
+        }
+    }
+}
+
+/// The patch that makes `pod`'s fence order what `db` asks, if it is not.
+fn fence_patch(db: &MyDatabase, pod: &Pod) -> Option<serde_json::Value> {
+    let wanted = is_fenced(db.annotations(), &pod.name_any()).then_some(FENCE_REASON);
+    (pod.annotations().get(FENCE).map(String::as_str) != wanted)
+        .then(|| json!({"metadata": {"annotations": {FENCE: wanted}}}))
+}
+
 /// What `pod` needs to take `role` under the primary at `upstream`, if
 /// anything. A replica's hold is lifted only with an upstream to stream
 /// from: the new primary's address, never the old one's.
@@ -1092,18 +1112,16 @@ fn role_patch(
         }
         (_, None) => true,
     };
-    let fence = is_fenced(db.annotations(), &pod.name_any()).then_some(FENCE_REASON);
     if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role)
         && annotations.get(SYNCHRONOUS_STANDBYS) == Some(&synchronous)
         && (!lift_hold || !annotations.contains_key(HOLD_STREAMING))
         && upstream_ok
-        && annotations.get(FENCE).map(String::as_str) == fence
     {
         return None;
     }
     let mut patch = json!({"metadata": {
         "labels": {names::ROLE_LABEL: role},
-        "annotations": {SYNCHRONOUS_STANDBYS: synchronous, FENCE: fence}}});
+        "annotations": {SYNCHRONOUS_STANDBYS: synchronous}}});
     if lift_hold {
         patch["metadata"]["annotations"][HOLD_STREAMING] = serde_json::Value::Null;
     }
@@ -1293,16 +1311,7 @@ mod tests {
         let mut db = sample();
         let mut pod = Pod::default();
         pod.metadata.name = Some("production-db-1".into());
-        pod.metadata.labels = Some([(names::ROLE_LABEL.to_string(), services::REPLICA.to_string())].into());
-        pod.metadata.annotations = Some(
-            [
-                (UPSTREAM.to_string(), "10.0.0.1".to_string()),
-                (UPSTREAM_SSLMODE.to_string(), "verify-ca".to_string()),
-                (SYNCHRONOUS_STANDBYS.to_string(), synchronous_standby_names(&db, "production-db-1")),
-            ]
-            .into(),
-        );
-        assert_eq!(role_patch(&db, &pod, services::REPLICA, Some("10.0.0.1"), "verify-ca"), None, "nothing to do");
+        assert_eq!(fence_patch(&db, &pod), None, "nothing to do");
         db.metadata.annotations = Some(
             [(
                 crate::api::mydatabase::FENCED_INSTANCES_ANNOTATION.to_string(),
@@ -1310,12 +1319,12 @@ mod tests {
             )]
             .into(),
         );
-        let patch = role_patch(&db, &pod, services::REPLICA, Some("10.0.0.1"), "verify-ca").expect("the fence order");
+        let patch = fence_patch(&db, &pod).expect("the fence order");
         assert_eq!(patch["metadata"]["annotations"][FENCE], json!(FENCE_REASON));
-        pod.metadata.annotations.as_mut().map(|a| a.insert(FENCE.to_string(), FENCE_REASON.to_string()));
-        assert_eq!(role_patch(&db, &pod, services::REPLICA, Some("10.0.0.1"), "verify-ca"), None, "told once");
+        pod.metadata.annotations = Some([(FENCE.to_string(), FENCE_REASON.to_string())].into());
+        assert_eq!(fence_patch(&db, &pod), None, "told once");
         db.metadata.annotations = None;
-        let patch = role_patch(&db, &pod, services::REPLICA, Some("10.0.0.1"), "verify-ca").expect("the order goes");
+        let patch = fence_patch(&db, &pod).expect("the order goes");
         let annotations = patch["metadata"]["annotations"].as_object().cloned().unwrap_or_default();
         assert_eq!(annotations.get(FENCE), Some(&Value::Null), "removed by the merge patch");
     }

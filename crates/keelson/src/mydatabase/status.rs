@@ -140,20 +140,27 @@ fn fenced_condition(db: &MyDatabase, pods: &[Pod]) -> Option<DesiredCondition> {
             ),
         ));
     }
-    let fenced: Vec<&str> = names.iter().filter(|n| is_fenced(db.annotations(), n)).map(String::as_str).collect();
+    let fenced: Vec<&Pod> = pods.iter().filter(|p| is_fenced(db.annotations(), &p.name_any())).collect();
+    // Stopped as its manager says, not as ordered: an old script may not have stopped yet.
+    let (stopped, stopping): (Vec<&Pod>, Vec<&Pod>) =
+        fenced.iter().partition(|p| super::instances::report(p).is_some_and(|r| r.fenced));
+    let list = |pods: &[&Pod]| pods.iter().map(|p| p.name_any()).collect::<Vec<_>>().join(", ");
+    let mut said = Vec::new();
+    if !stopped.is_empty() {
+        said.push(format!("{} fenced: PostgreSQL stopped, not ready", list(&stopped)));
+    }
+    if !stopping.is_empty() {
+        said.push(format!("{} fenced: PostgreSQL not yet reported stopped", list(&stopping)));
+    }
     let primary = db.status.as_ref().and_then(|s| s.current_primary.as_deref());
-    let writes = match primary.is_some_and(|p| fenced.contains(&p)) {
-        true => "; the primary is among them: no writes, and no failover, until it is unfenced",
-        false => "",
-    };
+    if primary.is_some_and(|primary| fenced.iter().any(|p| p.name_any() == primary)) {
+        said.push("the primary is among them: no writes, and no failover, until it is unfenced".into());
+    }
     Some(DesiredCondition::new(
         "Fenced",
         true,
         "FencedForMaintenance",
-        format!(
-            "{} fenced: PostgreSQL stopped, pods not ready{writes} (`kubectl keelson unfence` ends it)",
-            fenced.join(", ")
-        ),
+        format!("{} (`kubectl keelson unfence` ends it)", said.join("; ")),
     ))
 }
 
@@ -547,7 +554,11 @@ mod tests {
         fence(&mut db, "production-db-1");
         let fenced = fenced_condition(&db, &pods).expect("a condition");
         assert_eq!((fenced.type_, fenced.reason.as_str()), ("Fenced", "FencedForMaintenance"));
-        assert!(fenced.message.starts_with("production-db-1 fenced"), "{}", fenced.message);
+        assert!(
+            fenced.message.starts_with("production-db-1 fenced: PostgreSQL not yet reported"),
+            "{}",
+            fenced.message
+        );
         fence(&mut db, "production-db-1,production-db-7");
         let unknown = fenced_condition(&db, &pods).expect("a condition");
         assert_eq!(unknown.reason, "UnknownInstance");
@@ -555,6 +566,13 @@ mod tests {
         fence(&mut db, "*");
         let all = fenced_condition(&db, &pods).expect("a condition");
         assert!(all.message.starts_with("production-db-0, production-db-1 fenced"), "{}", all.message);
+        let mut stopped = pods.clone();
+        let report = serde_json::json!({"role": "replica", "serverVersion": "15.18", "timeline": 1, "lsn": "0/1", "fenced": true});
+        stopped[1].metadata.annotations =
+            Some([(crate::api::instance::ANNOTATION.to_string(), report.to_string())].into());
+        let said = fenced_condition(&db, &stopped).expect("a condition").message;
+        assert!(said.starts_with("production-db-1 fenced: PostgreSQL stopped"), "{said}");
+        assert!(said.contains("production-db-0 fenced: PostgreSQL not yet reported stopped"), "{said}");
     }
 
     fn backup_pod(job: &str, exit_code: i32, message: &str) -> Pod {

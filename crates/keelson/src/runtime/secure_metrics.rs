@@ -34,8 +34,15 @@ const ALLOWED_FOR: Duration = Duration::from_secs(60);
 const DENIED_FOR: Duration = Duration::from_secs(10);
 /// Verdicts kept at most (tokens are few: one per scraper).
 const VERDICTS_KEPT: usize = 256;
-/// A TLS handshake that takes longer is dropped.
+/// A longer bearer token is refused unread (a service account's is about 1 KB).
+const TOKEN_MAX: usize = 8 << 10;
+/// Reviews in flight at most: a caller sending made-up tokens costs the API
+/// server (and this operator's share of it) no more than this.
+const REVIEWS_AT_ONCE: usize = 2;
+/// A TLS handshake, or a request's headers, that take longer are dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more wait to be accepted.
+const CONNECTIONS_AT_ONCE: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecureMetricsError {
@@ -54,6 +61,7 @@ pub enum SecureMetricsError {
 pub struct MetricsAuth {
     client: Client,
     verdicts: Arc<Mutex<HashMap<String, (Instant, Verdict)>>>,
+    reviews: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,30 +69,43 @@ enum Verdict {
     Allowed,
     Unauthenticated,
     Forbidden,
+    /// Too many reviews in flight: asked again later.
+    Busy,
+}
+
+fn kept_for(verdict: Verdict) -> Duration {
+    if verdict == Verdict::Allowed { ALLOWED_FOR } else { DENIED_FOR }
 }
 
 impl MetricsAuth {
     pub fn new(client: Client) -> Self {
-        MetricsAuth { client, verdicts: Arc::default() }
+        MetricsAuth {
+            client,
+            verdicts: Arc::default(),
+            reviews: Arc::new(tokio::sync::Semaphore::new(REVIEWS_AT_ONCE)),
+        }
     }
 
     async fn verdict(&self, token: &str) -> Verdict {
         let now = Instant::now();
         {
             let verdicts = self.verdicts.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((at, verdict)) = verdicts.get(token) {
-                let keep = if *verdict == Verdict::Allowed { ALLOWED_FOR } else { DENIED_FOR };
-                if now.duration_since(*at) < keep {
-                    return *verdict;
-                }
+            if let Some((at, verdict)) = verdicts.get(token)
+                && now.duration_since(*at) < kept_for(*verdict)
+            {
+                return *verdict;
             }
         }
+        let Ok(_permit) = self.reviews.try_acquire() else { return Verdict::Busy };
         let verdict = self.ask(token).await;
         let mut verdicts = self.verdicts.lock().unwrap_or_else(|p| p.into_inner());
         if verdicts.len() >= VERDICTS_KEPT {
-            verdicts.clear();
+            // The expired go; a full table of live ones keeps them (a scraper's is among them).
+            verdicts.retain(|_, (at, verdict)| now.duration_since(*at) < kept_for(*verdict));
         }
-        verdicts.insert(token.to_string(), (now, verdict));
+        if verdicts.len() < VERDICTS_KEPT {
+            verdicts.insert(token.to_string(), (now, verdict));
+        }
         verdict
     }
 
@@ -150,10 +171,14 @@ async fn authorize(State(auth): State<MetricsAuth>, request: Request, next: Next
     let Some(token) = token else {
         return (StatusCode::UNAUTHORIZED, "a bearer token is required\n").into_response();
     };
+    if token.len() > TOKEN_MAX {
+        return (StatusCode::UNAUTHORIZED, "the token is not valid\n").into_response();
+    }
     match auth.verdict(&token).await {
         Verdict::Allowed => next.run(request).await,
         Verdict::Unauthenticated => (StatusCode::UNAUTHORIZED, "the token is not valid\n").into_response(),
         Verdict::Forbidden => (StatusCode::FORBIDDEN, "not allowed: get /metrics\n").into_response(),
+        Verdict::Busy => (StatusCode::SERVICE_UNAVAILABLE, "busy reviewing tokens; try again\n").into_response(),
     }
 }
 
@@ -248,8 +273,10 @@ pub async fn serve_tls(
     let listener = TcpListener::bind(addr).await?;
     let acceptor = TlsAcceptor::from(config);
     tracing::info!(%addr, "serving HTTPS");
+    let connections = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_AT_ONCE));
     Ok(tokio::spawn(async move {
         loop {
+            let Ok(connection) = connections.clone().acquire_owned().await else { return };
             let (stream, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -261,6 +288,7 @@ pub async fn serve_tls(
             };
             let (acceptor, router) = (acceptor.clone(), router.clone());
             tokio::spawn(async move {
+                let _connection = connection;
                 let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => tls,
                     Ok(Err(error)) => return tracing::debug!(%peer, %error, "metrics: TLS handshake failed"),
@@ -268,6 +296,8 @@ pub async fn serve_tls(
                 };
                 let service = hyper_util::service::TowerToHyperService::new(router);
                 let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HANDSHAKE_TIMEOUT)
                     .serve_connection(hyper_util::rt::TokioIo::new(tls), service);
                 if let Err(error) = connection.await {
                     tracing::debug!(%peer, %error, "metrics: connection ended with an error");

@@ -10,11 +10,12 @@ use k8s_openapi::api::core::v1::Pod;
 /// until it sets its title; once pids wrap (32768 here), it can come first.
 pub fn postmaster_pid(pod: &Pod) -> anyhow::Result<u32> {
     let postgres = |arg: &[u8]| arg.starts_with(b"cluster_name=");
+    // A process gone meanwhile (its stat unreadable) counts as a backend: it is not the one.
     let parent_is_postgres = |pid: u32| {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // `pid (comm) state ppid …`: the command may hold spaces, so after its `)`.
         let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-        ppid.is_some_and(|ppid| {
+        ppid.is_none_or(|ppid| {
             std::fs::read(format!("/proc/{ppid}/cmdline")).unwrap_or_default().split(|b| *b == 0).any(postgres)
         })
     };

@@ -286,7 +286,10 @@ init_replica() {
 reclone() {
   rm -rf "$PGDATA"
   init_replica
-  printf '%s %s\n' "$(date -u +%s)" "$1" > "$(dirname "$PGDATA")/.keelson-rebuilt"
+  local said; said="$(dirname "$PGDATA")/.keelson-rebuilt"
+  printf '%s %s\n' "$(date -u +%s)" "$1" > "$said.partial"
+  sync "$said.partial" 2>/dev/null || true
+  mv "$said.partial" "$said"
 }
 
 # A former primary (its data is not a standby's) made a replica of
