@@ -74,9 +74,20 @@ fn helm_chart_renders_the_generated_objects() {
 #[test]
 fn helm_chart_in_namespaced_mode_binds_the_watched_namespace_only() {
     let Some(rendered) = helm_template(&["--set", "watchNamespace=team-a"]) else { return };
-    // Cluster-wide, only what has no namespace: which nodes are cordoned.
+    // Cluster-wide, only what has no namespace: which nodes are cordoned, and the reviews of who
+    // scrapes /metrics (creating a review reads nothing).
     let cluster_wide: Vec<String> = rendered.iter().filter(|r| r["kind"] == "ClusterRoleBinding").map(key).collect();
-    assert_eq!(cluster_wide, [format!("ClusterRoleBinding/{}", keelson::manifests::rbac::NODE_READER_ROLE_NAME)]);
+    assert_eq!(
+        cluster_wide,
+        [keelson::manifests::rbac::METRICS_AUTH_ROLE_NAME, keelson::manifests::rbac::NODE_READER_ROLE_NAME]
+            .map(|role| format!("ClusterRoleBinding/{role}"))
+    );
+    let reviews = rendered.iter().find(|r| key(r) == "ClusterRole/keelson-metrics-auth").expect("the reviews' role");
+    for rule in reviews["rules"].as_array().into_iter().flatten() {
+        assert_eq!(rule["verbs"], serde_json::json!(["create"]), "{rule}");
+        let resource = rule["resources"][0].as_str().unwrap_or_default();
+        assert!(["tokenreviews", "subjectaccessreviews"].contains(&resource), "{rule}");
+    }
     let binding = rendered.iter().find(|r| key(r) == "RoleBinding/keelson-manager").expect("a RoleBinding");
     assert_eq!(binding["metadata"]["namespace"], "team-a");
     assert_eq!(binding["roleRef"]["name"], keelson::manifests::rbac::CLUSTER_ROLE_NAME);
