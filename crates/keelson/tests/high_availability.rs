@@ -316,9 +316,18 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
                     }
                 }
                 let target = target.context("every instance runs on the clients' node")?;
-                kubectl(&["-n", &ns.name, "annotate", "mydatabase", DB, &format!("{SWITCHOVER_ANNOTATION}={target}")])?;
+                let request = format!("{SWITCHOVER_ANNOTATION}={target}");
+                kubectl(&["-n", &ns.name, "annotate", "mydatabase", DB, &request])?;
                 eventually(DEFAULT_TIMEOUT, "the clients' node to hold no primary", || async {
-                    current_primary(&ns).await.ok().flatten().is_some_and(|p| p != primary)
+                    if current_primary(&ns).await.ok().flatten().is_some_and(|p| p != primary) {
+                        return true;
+                    }
+                    // Refused: the target was not a healthy replica yet (a former primary that
+                    // has just rejoined may restart once more). Asked again.
+                    if dbs.get(DB).await.is_ok_and(|db| !db.annotations().contains_key(SWITCHOVER_ANNOTATION)) {
+                        let _ = kubectl(&["-n", &ns.name, "annotate", "--overwrite", "mydatabase", DB, &request]);
+                    }
+                    false
                 })
                 .await?;
                 primary = settled(&ns).await?;
