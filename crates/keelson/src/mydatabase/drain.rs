@@ -117,11 +117,17 @@ pub fn handover_reason(instances: u32, primary: &str, pods: &[Pod], cordoned: &C
 /// while the primary still waits for a standby beyond them (`named`: its
 /// `synchronous_standby_names` as it reports them applied). Such a standby may
 /// hold a commit that no other has confirmed: it goes once it is not named.
-pub fn instances_to_keep(instances: u32, primary: Option<&str>, named: Option<&str>) -> u32 {
+/// Only `pods` that exist count: a name in the setting is what the server says
+/// (a superuser may write anything there), never a reason to grow.
+pub fn instances_to_keep(instances: u32, primary: Option<&str>, named: Option<&str>, pods: &[Pod]) -> u32 {
     let beyond = primary.and_then(names::ordinal).filter(|ordinal| instances >= 1 && *ordinal >= instances);
     let named = named.map(quoted_names).unwrap_or_default();
-    let waited_for = named.iter().filter_map(|name| names::ordinal(name)).filter(|ordinal| *ordinal >= instances);
-    beyond.into_iter().chain(waited_for).map(|ordinal| ordinal + 1).fold(instances, u32::max)
+    let waited_for = named
+        .iter()
+        .filter(|name| pods.iter().any(|pod| pod.name_any() == **name))
+        .filter_map(|name| names::ordinal(name))
+        .filter(|ordinal| *ordinal >= instances);
+    beyond.into_iter().chain(waited_for).map(|ordinal| ordinal.saturating_add(1)).fold(instances, u32::max)
 }
 
 /// The names in a `synchronous_standby_names` value: `ANY 1 ("db-1", "db-2")`.
@@ -196,22 +202,26 @@ mod tests {
         assert_eq!(successor(1, "db-2", &pods, &Cordoned::of(&["node-a"]), &standbys), None, "db-0 is cordoned");
         assert!(handover_reason(1, "db-2", &pods, &Cordoned::default()).is_some(), "down to one: still handed over");
         // The StatefulSet keeps the primary's pod until then.
-        assert_eq!(instances_to_keep(2, Some("db-2"), None), 3);
-        assert_eq!(instances_to_keep(2, Some("db-1"), None), 2);
-        assert_eq!(instances_to_keep(3, None, None), 3);
+        assert_eq!(instances_to_keep(2, Some("db-2"), None, &pods), 3);
+        assert_eq!(instances_to_keep(2, Some("db-1"), None, &pods), 2);
+        assert_eq!(instances_to_keep(3, None, None, &pods), 3);
     }
 
     #[test]
     fn a_scale_down_keeps_a_standby_until_the_primary_no_longer_waits_for_it() {
+        let pods = database();
         // 3 → 2: the primary db-0 still applies the old list, which names db-2.
-        assert_eq!(instances_to_keep(2, Some("db-0"), Some(r#"ANY 1 ("db-1", "db-2")"#)), 3);
+        assert_eq!(instances_to_keep(2, Some("db-0"), Some(r#"ANY 1 ("db-1", "db-2")"#), &pods), 3);
         // It applied the new one: db-2 may go.
-        assert_eq!(instances_to_keep(2, Some("db-0"), Some(r#"ANY 1 ("db-1")"#)), 2);
+        assert_eq!(instances_to_keep(2, Some("db-0"), Some(r#"ANY 1 ("db-1")"#), &pods), 2);
         // 3 → 1: nothing named (asynchronous), or a manager from before the report said it.
-        assert_eq!(instances_to_keep(1, Some("db-0"), Some("")), 1);
-        assert_eq!(instances_to_keep(1, Some("db-0"), None), 1);
+        assert_eq!(instances_to_keep(1, Some("db-0"), Some(""), &pods), 1);
+        assert_eq!(instances_to_keep(1, Some("db-0"), None, &pods), 1);
         // The primary's own ordinal and a named standby: the larger wins.
-        assert_eq!(instances_to_keep(1, Some("db-1"), Some(r#"ANY 1 ("db-0", "db-2")"#)), 3);
+        assert_eq!(instances_to_keep(1, Some("db-1"), Some(r#"ANY 1 ("db-0", "db-2")"#), &pods), 3);
+        // A name that is no pod of the database (a superuser's ALTER SYSTEM) never grows it.
+        assert_eq!(instances_to_keep(2, Some("db-0"), Some(r#"ANY 1 ("db-1", "db-4000000000")"#), &pods), 2);
+        assert_eq!(instances_to_keep(2, Some("db-0"), Some(r#"ANY 1 ("other-2")"#), &pods), 2);
     }
 
     #[test]

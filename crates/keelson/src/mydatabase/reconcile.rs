@@ -438,7 +438,7 @@ impl MyDatabaseReconciler {
             .and_then(|primary| pods.iter().find(|p| p.name_any() == *primary))
             .and_then(instances::report)
             .and_then(|report| report.synchronous_standby_names);
-        let keep = drain::instances_to_keep(db.spec.replicas.max(0) as u32, primary.as_deref(), named.as_deref());
+        let keep = drain::instances_to_keep(db.spec.replicas.max(0) as u32, primary.as_deref(), named.as_deref(), pods);
         if let Some(spec) = statefulset.spec.as_mut() {
             spec.replicas = Some(keep as i32);
         }
