@@ -73,6 +73,8 @@ pub struct Observed {
     pub failover_pending: bool,
     /// The newest failover this operator decided (set by apply).
     pub failover: Option<crate::api::mydatabase::FailoverRecord>,
+    /// A replica rebuild newer than the one status records (set by apply).
+    pub replica_rebuild: Option<crate::api::mydatabase::ReplicaRebuild>,
     /// Why a failover may not promote anyone yet (set by apply).
     pub failover_blocked: Option<String>,
     /// When the primary's lease expires unless renewed (set by apply).
@@ -180,6 +182,7 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
         failover_pending: false,
         failover: None,
         failover_blocked: None,
+        replica_rebuild: None,
         lease_expires_in: None,
         restart_pending: None,
         managers: None,

@@ -210,7 +210,8 @@ impl Reconciler for MyDatabaseReconciler {
             let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
             self.ctx.metrics.record_backup(&namespace, &name, finished_at, status.last_backup_size_bytes);
         }
-        if let Some(rebuild) = instances::newest_rebuild(&observed.pods, status::rebuilds_since(db)) {
+        let replica_rebuild = instances::newest_rebuild(&observed.pods, status::rebuilds_since(db));
+        if let Some(rebuild) = &replica_rebuild {
             // Healing worth knowing of: a replica's data could not follow, and was replaced.
             let note = format!("{} was cloned afresh from the primary: {}", rebuild.instance, rebuild.reason);
             tracing::warn!(namespace = db.namespace().unwrap_or_default(), name = db.name_any(), "{note}");
@@ -357,6 +358,7 @@ impl Reconciler for MyDatabaseReconciler {
             failover_pending,
             failover,
             failover_blocked,
+            replica_rebuild,
             lease_expires_in,
             restart_pending,
             managers,

@@ -363,7 +363,9 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
         server_version: topology.server_version,
         instance_statuses: topology.instances,
         last_failover: observed.failover.clone().or_else(|| previous.and_then(|s| s.last_failover.clone())),
-        last_replica_rebuild: super::instances::newest_rebuild(&observed.pods, rebuilds_since(db))
+        last_replica_rebuild: observed
+            .replica_rebuild
+            .clone()
             .or_else(|| previous.and_then(|s| s.last_replica_rebuild.clone())),
         credentials_secret: Some(names::credentials(db)),
         observed_generation: db.metadata.generation,
