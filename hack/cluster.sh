@@ -2,7 +2,8 @@
 # A local Kubernetes cluster: the control plane on loopback (etcd,
 # kube-apiserver, kube-controller-manager, kube-scheduler), KWOK's fake nodes
 # for scale, and three real nodes, keelson-node-1..3, each a network namespace
-# of its own with its containerd, kubelet and kube-proxy, a pod subnet and a
+# of its own with its containerd, kubelet, kube-proxy and NetworkPolicy engine
+# (kube-router's firewall), a pod subnet and a
 # zone, where pods run real containers from images built on this machine
 # (CoreDNS and the API bridge serve them from this host, behind a fence).
 # Volumes come from keelson-local-volumes.
@@ -57,7 +58,7 @@ NODES="${KEELSON_CLUSTER_NODES:-3}"
 # (the host's kube-proxy rules are not per cluster).
 NODE_OWNER=/run/keelson-node.owner
 
-PARTS=(lib pki etcd kube-apiserver kube-controller-manager kube-scheduler kwok network api-bridge containerd images kubelet kube-proxy coredns storage)
+PARTS=(lib pki etcd kube-apiserver kube-controller-manager kube-scheduler kwok network api-bridge containerd images kubelet kube-proxy coredns network-policies storage)
 for part in "${PARTS[@]}"; do
   # shellcheck source=/dev/null
   source "$ROOT/hack/cluster/$part.sh"
@@ -68,7 +69,7 @@ node_settings
 profile() { cat "$DIR/profile" 2>/dev/null || echo "${KEELSON_CLUSTER_PROFILE:-node}"; }
 components() {
   echo etcd kube-apiserver kube-controller-manager kube-scheduler kwok
-  [[ "$(profile)" == kwok ]] || echo network api-bridge containerd images kubelet kube-proxy coredns
+  [[ "$(profile)" == kwok ]] || echo network api-bridge containerd images kubelet kube-proxy coredns network-policies
   echo storage
 }
 # Of the real nodes, those not powered off (hack/cluster.sh poweroff).
@@ -77,7 +78,7 @@ processes() {
   echo etcd kube-apiserver kube-controller-manager kube-scheduler kwok
   if [[ "$(profile)" != kwok ]]; then
     echo api-bridge kube-proxy coredns
-    local k; for k in $(powered_nodes); do echo "containerd-$k kubelet-$k kube-proxy-$k"; done
+    local k; for k in $(powered_nodes); do echo "containerd-$k kubelet-$k kube-proxy-$k network-policies-$k"; done
   fi
   echo local-volumes
 }
@@ -189,7 +190,7 @@ power_off_node() {
   local freezer="/sys/fs/cgroup/freezer/$CGROUP_ROOT"
   [[ -d "$freezer" ]] && echo FROZEN > "$freezer/freezer.state" 2>/dev/null
   local name pids=()
-  for name in "kubelet-$NODE_K" "kube-proxy-$NODE_K" "containerd-$NODE_K"; do
+  for name in "kubelet-$NODE_K" "kube-proxy-$NODE_K" "network-policies-$NODE_K" "containerd-$NODE_K"; do
     [[ -f "$DIR/$name.pid" ]] && pids+=("$(cat "$DIR/$name.pid")")
     rm -f "$DIR/$name.pid"
   done
@@ -312,11 +313,13 @@ poweron() {
   wait_until 60 "$NODE_NAME's containerd" ctr_node version
   node "$k"; start_node_kubelet
   node "$k"; start_node_kube_proxy
+  node "$k"; start_node_network_policies
   rm -f "$NODE_DIR/powered-off"
   # The API may still hold its Ready from before the power-off: the new kubelet must have renewed its lease.
   node "$k"; wait_until 120 "$NODE_NAME's kubelet to renew its lease" lease_renewed_since "$since"
   node "$k"; wait_until 120 "$NODE_NAME to be Ready" healthy_node_kubelet
   node "$k"; wait_until 60 "$NODE_NAME's kube-proxy" healthy_node_kube_proxy
+  node "$k"; wait_until 60 "$NODE_NAME's NetworkPolicy engine" healthy_node_network_policies
   log "$NODE_NAME powered on and Ready"
 }
 

@@ -6,7 +6,7 @@
 # closed port on loopback, so an image that was not built here fails at once
 # (ErrImagePull) instead of reaching out.
 
-NODE_PACKAGES=(containerd runc containernetworking-plugins iptables conntrack)
+NODE_PACKAGES=(containerd runc containernetworking-plugins iptables conntrack ipset)
 
 install_node_packages() {
   local missing=() p

@@ -39,6 +39,7 @@ KUBELET_HEALTH_PORT=$((base + 11))
 PROXY_HEALTH_PORT=$((base + 12))
 PROXY_METRICS_PORT=$((base + 13))
 DNS_READY_PORT=$((base + 14))
+NETPOL_HEALTH_PORT=$((base + 15))
 PORTS
 }
 

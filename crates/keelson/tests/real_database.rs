@@ -6,11 +6,12 @@ mod common;
 use anyhow::Context as _;
 use common::{TestOperator, running};
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use keelson::api::MyDatabase;
 use keelson::api::instance::Role;
 use keelson::api::mydatabase::{DatabasePhase, SWITCHOVER_ANNOTATION};
 use kube::ResourceExt;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::pods::{run, shell_pod};
 use testkit::{DEFAULT_TIMEOUT, TestNamespace, cluster_or_skip, eventually, kubectl};
@@ -44,6 +45,7 @@ fn database_client(db: &str, name: &str, uri_key: &str, script: &str) -> serde_j
     pod["spec"]["containers"][0]["env"] = json!([{"name": "URI",
         "valueFrom": {"secretKeyRef": {"name": format!("{db}-credentials"), "key": uri_key}}}]);
     common::clients::trust_database_ca(&mut pod, db);
+    common::clients::await_network(&mut pod);
     pod
 }
 
@@ -144,6 +146,18 @@ echo checked"#;
     assert!(tried.logs.contains("no encryption"), "a plaintext connection was not refused by pg_hba: {}", tried.logs);
     assert!(tried.logs.contains("certificate verify failed"), "{}", tried.logs);
 
+    // The NetworkPolicy (the local cluster enforces it with kube-router's firewall): PostgreSQL
+    // answers the namespace's pods (every client above) and no other namespace's; metrics answer anyone.
+    let policy = ns.api::<NetworkPolicy>().get("production-db").await?;
+    let owner = policy.owner_references().iter().find(|o| o.controller == Some(true)).map(|o| o.kind.clone());
+    assert_eq!(owner.as_deref(), Some("MyDatabase"), "the NetworkPolicy is the database's own");
+    let primary_ip =
+        pods.get("production-db-0").await?.status.and_then(|s| s.pod_ip).context("the primary's pod address")?;
+    let outsiders = common::real_namespace(&cluster, "real-db-outsider").await?;
+    let outsider = probe(&outsiders, "outsider", json!({}), &primary_ip, 5432, "closed").await?;
+    assert_eq!(outsider, "closed", "a pod of another namespace reached PostgreSQL");
+    assert_eq!(probe(&outsiders, "scraper", json!({}), &primary_ip, 9187, "open").await?, "open", "metrics");
+
     for replica in ["production-db-1", "production-db-2"] {
         eventually(DEFAULT_TIMEOUT, "the row to reach the replica", || async {
             sql_in(&ns, replica, "SELECT item FROM orders WHERE id = 1").is_ok_and(|item| item == "written through -rw")
@@ -176,6 +190,21 @@ echo checked"#;
     assert!(read.succeeded, "psql through -ro failed: {}", read.logs);
     assert_eq!(read.logs.lines().filter(|l| *l == "t").count(), 6, "-ro reached a primary: {}", read.logs);
 
+    // Named clients: only they and the database's own pods may connect. A pod of the namespace
+    // without the label is refused; the replicas connect again (their streams ended here), and the
+    // backup below connects from its Job's pod.
+    let shop_only =
+        json!({"spec": {"networkPolicy": {"clients": [{"podSelector": {"matchLabels": {"app": "shop"}}}]}}});
+    dbs.patch("production-db", &PatchParams::default(), &Patch::Merge(shop_only)).await?;
+    assert_eq!(probe(&ns, "unnamed", json!({}), &primary_ip, 5432, "closed").await?, "closed", "an unnamed client");
+    assert_eq!(probe(&ns, "shop", json!({"app": "shop"}), &primary_ip, 5432, "open").await?, "open", "a named client");
+    sql_in(&ns, "production-db-0", "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication")?;
+    eventually(DEFAULT_TIMEOUT, "both replicas to stream again through the policy", || async {
+        sql_in(&ns, "production-db-0", "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
+            .is_ok_and(|n| n == "2")
+    })
+    .await?;
+
     // A backup now, from the CronJob's own template: taken from a replica, verified, named in status.
     kubectl(&["-n", &ns.name, "create", "job", "--from=cronjob/production-db-backup", "backup-now"])?;
     let backed_up = testkit::wait_for(&dbs, "production-db", "the backup named in status", DEFAULT_TIMEOUT, |db| {
@@ -189,6 +218,14 @@ echo checked"#;
     let logs = kubectl(&["-n", &ns.name, "logs", "job/backup-now"])?;
     assert!(logs.contains("from production-db-ro:5432"), "the backup was not taken from a replica: {logs}");
     assert!(logs.contains(&format!("backup complete and verified: {name}")), "{logs}");
+
+    // Opted out: Keelson deletes its NetworkPolicy, and other namespaces reach PostgreSQL again.
+    let opt_out = json!({"spec": {"networkPolicy": {"enabled": false}}});
+    dbs.patch("production-db", &PatchParams::default(), &Patch::Merge(opt_out)).await?;
+    let policies = ns.api::<NetworkPolicy>();
+    testkit::wait_for_deletion(&policies, "production-db", "the NetworkPolicy to go", DEFAULT_TIMEOUT).await?;
+    let reopened = probe(&outsiders, "outsider-again", json!({}), &primary_ip, 5432, "open").await?;
+    assert_eq!(reopened, "open", "without the policy, another namespace's pod connects");
 
     // Restore: a row written after the backup must not come back; the source is gone (its
     // backups volume stays under the default Retain policy); the new database has its own password.
@@ -219,6 +256,28 @@ echo checked"#;
     let logged_in = run(&ns, login).await?;
     assert!(logged_in.succeeded && logged_in.logs.trim() == "1", "its own credentials: {}", logged_in.logs);
     Ok(())
+}
+
+/// Whether a pod in `ns` with `labels` can open a TCP connection to `ip:port`, tried once a second
+/// until the answer is `until` ("open" or "closed"), for at most a minute (a change of policy, or
+/// a new pod's address, reaches the NetworkPolicy engine a moment later); returns the last answer.
+async fn probe(
+    ns: &TestNamespace,
+    name: &str,
+    labels: serde_json::Value,
+    ip: &str,
+    port: u16,
+    until: &str,
+) -> anyhow::Result<String> {
+    let script = format!(
+        "for i in $(seq 60); do \
+           if timeout 3 bash -c 'echo > /dev/tcp/{ip}/{port}' 2>/dev/null; then state=open; else state=closed; fi; \
+           [ \"$state\" = {until} ] && break; sleep 1; done; echo \"$state\""
+    );
+    let mut pod = shell_pod(name, "postgres:15.2", &script);
+    pod["metadata"]["labels"] = labels;
+    let ended = run(ns, pod).await?;
+    Ok(ended.logs.lines().last().unwrap_or_default().to_string())
 }
 
 /// The CA of another database, which never signed this one's certificate.

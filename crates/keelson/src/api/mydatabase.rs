@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Affinity, LocalObjectReference, ResourceRequirements, Toleration};
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -141,6 +142,15 @@ pub struct MyDatabaseSpec {
     /// password from the role.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub superuser_access: bool,
+
+    /// Who may connect to the instances. Keelson keeps a NetworkPolicy named
+    /// like the database that admits PostgreSQL (5432) from `clients` and from
+    /// the database's own pods (replication, backups), the metrics port (9187)
+    /// from `metricsClients`, and nothing else. Absent: on, with every pod of
+    /// the namespace as a client. Enforced only where the cluster runs a
+    /// NetworkPolicy engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicySpec>,
 
     /// TLS is always on. Keelson issues the server certificate from a CA of
     /// the database's own unless `tls.serverSecret` names one to present instead.
@@ -282,6 +292,31 @@ pub struct BackupSpec {
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.backup.storageClassName is immutable: the backups volume keeps its class"))]
     pub storage_class_name: Option<String>,
+}
+
+/// `spec.networkPolicy`: the database's NetworkPolicy.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    /// false: Keelson keeps no NetworkPolicy for this database (and deletes its
+    /// own); the instances then accept connections from wherever the cluster routes.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Who may connect on 5432, as NetworkPolicy peers (`podSelector`,
+    /// `namespaceSelector`, `ipBlock`). Absent: every pod in the database's
+    /// namespace. `[]`: only the database's own pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub clients: Option<Vec<NetworkPolicyPeer>>,
+    /// Who may read the instances' metrics on 9187 (they hold no secrets).
+    /// Absent: anyone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub metrics_clients: Option<Vec<NetworkPolicyPeer>>,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// Annotation on a backups volume: who may restore from it (`spec.backup.restoreTo`).

@@ -14,6 +14,7 @@ pub mod failover;
 pub mod instance_access;
 pub mod instances;
 pub mod names;
+pub mod network_policy;
 pub mod observed;
 pub mod parameters;
 pub mod pdb;
@@ -37,6 +38,7 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
@@ -96,6 +98,12 @@ pub const RBAC: &[Permission] = &[
         resources: &["poddisruptionbudgets"],
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
     },
+    // `spec.networkPolicy`: deleted when switched off.
+    Permission {
+        group: "networking.k8s.io",
+        resources: &["networkpolicies"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+    },
 ];
 
 /// The MyDatabase a labelled object (a backup Job, a pod, a volume) belongs to.
@@ -133,6 +141,8 @@ pub async fn run(params: RunParams) {
         &managed,
         watch("PodDisruptionBudget"),
     );
+    let (network_policies, network_policy_events) =
+        cache::watch(scoped_api::<Packed<NetworkPolicy>>(client, namespace), &managed, watch("NetworkPolicy"));
     // Backup Jobs, database pods, volumes and the credentials belong to the
     // CronJob, the StatefulSet or no one: mapped to their MyDatabase by label.
     let (jobs, job_events) =
@@ -175,6 +185,7 @@ pub async fn run(params: RunParams) {
         queue::trigger_owners(config_map_events).boxed(),
         queue::trigger_owners(cron_job_events).boxed(),
         queue::trigger_owners(disruption_budget_events).boxed(),
+        queue::trigger_owners(network_policy_events).boxed(),
         queue::trigger_owners(service_account_events).boxed(),
         queue::trigger_owners(role_events).boxed(),
         queue::trigger_owners(role_binding_events).boxed(),
@@ -190,6 +201,7 @@ pub async fn run(params: RunParams) {
         config_maps,
         cron_jobs,
         disruption_budgets,
+        network_policies,
         jobs,
         claims,
         pods,

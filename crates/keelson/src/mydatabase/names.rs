@@ -108,6 +108,10 @@ pub fn ordinal(pod: &str) -> Option<u32> {
 pub fn primary_budget(db: &MyDatabase) -> String {
     format!("{}-primary", db.name_any())
 }
+/// The NetworkPolicy in front of the instances (`spec.networkPolicy`).
+pub fn network_policy(db: &MyDatabase) -> String {
+    db.name_any()
+}
 pub fn restore_job(db: &MyDatabase) -> String {
     format!("{}-restore", db.name_any())
 }

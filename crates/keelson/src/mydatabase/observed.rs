@@ -6,6 +6,7 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::Api;
@@ -26,6 +27,7 @@ pub struct Caches {
     pub config_maps: Store<Packed<ConfigMap>>,
     pub cron_jobs: Store<Packed<CronJob>>,
     pub disruption_budgets: Store<Packed<PodDisruptionBudget>>,
+    pub network_policies: Store<Packed<NetworkPolicy>>,
     pub jobs: Store<Packed<Job>>,
     pub claims: Store<Packed<PersistentVolumeClaim>>,
     pub pods: Store<Packed<Pod>>,
@@ -99,6 +101,7 @@ impl Caches {
         ready(&self.config_maps, "ConfigMaps").await?;
         ready(&self.cron_jobs, "CronJobs").await?;
         ready(&self.disruption_budgets, "PodDisruptionBudgets").await?;
+        ready(&self.network_policies, "NetworkPolicies").await?;
         ready(&self.jobs, "Jobs").await?;
         ready(&self.claims, "PersistentVolumeClaims").await?;
         ready(&self.pods, "Pods").await?;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -24,8 +25,8 @@ use super::rollout::{self, Step};
 use super::statefulset::TemplateChange;
 use super::upgrade::{self, Template};
 use super::{
-    backup, credentials, deletion, drain, instances, names, pdb, scripts, services, statefulset, status, tls,
-    validation,
+    backup, credentials, deletion, drain, instances, names, network_policy, pdb, scripts, services, statefulset,
+    status, tls, validation,
 };
 use crate::Result;
 use crate::api::instance::{
@@ -126,6 +127,7 @@ pub struct Desired {
     restore: Option<Restore>,
     statefulset: Template,
     disruption_budgets: pdb::Budgets,
+    network_policy: Option<NetworkPolicy>,
     backup_cron_job: Option<CronJob>,
     /// A backup requested now and not yet taken: its token and Job.
     requested_backup: Option<(String, Job)>,
@@ -192,6 +194,7 @@ impl Reconciler for MyDatabaseReconciler {
                 |image| self.statefulset(db, &observed.pods, image, &scripts_hash),
             )?,
             disruption_budgets: pdb::build(db)?,
+            network_policy: network_policy::build(db)?,
             backup_cron_job: backup::cronjob(db, verify_server)?,
             requested_backup: match db.annotations().get(BACKUP_REQUEST_ANNOTATION) {
                 Some(token) if db.status.as_ref().and_then(|s| s.last_backup_request.as_ref()) != Some(token) => {
@@ -248,6 +251,9 @@ impl Reconciler for MyDatabaseReconciler {
         for service in desired.services {
             applier.apply(&caches.services, service).await;
         }
+        // Before the instances exist: no moment where they take connections from anywhere.
+        let policy = names::network_policy(db);
+        applier.apply_optional(&caches.network_policies, &policy, desired.network_policy).await;
         let backups_claim = match desired.backups_claim {
             Some(claim) => applier.apply(&caches.claims, claim).await,
             None => observed.backups_claim.clone(),
@@ -1191,6 +1197,7 @@ mod tests {
             config_maps: cache(vec![]),
             cron_jobs: cache(cached.cron_jobs),
             disruption_budgets: cache(cached.disruption_budgets),
+            network_policies: cache(vec![]),
             jobs: cache(cached.jobs),
             claims: cache(cached.claims),
             pods: cache(cached.pods),
@@ -1480,6 +1487,7 @@ mod tests {
                 "services/production-db-headless",
                 "services/production-db-rw",
                 "services/production-db-ro",
+                "networkpolicies/production-db",
                 "persistentvolumeclaims/production-db-backups",
                 "statefulsets/production-db",
                 "poddisruptionbudgets/production-db",

@@ -9,6 +9,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, LogParams};
@@ -70,6 +71,7 @@ pub async fn write(target: &Target, database: &str, file: Option<&std::path::Pat
     section(&mut out, "Services", &target.api::<Service>(), &of_database).await;
     section(&mut out, "PersistentVolumeClaims", &target.api::<PersistentVolumeClaim>(), &of_database).await;
     section(&mut out, "PodDisruptionBudgets", &target.api::<PodDisruptionBudget>(), &of_database).await;
+    section(&mut out, "NetworkPolicies", &target.api::<NetworkPolicy>(), &of_database).await;
     section(&mut out, "CronJobs", &target.api::<CronJob>(), &of_database).await;
     section(&mut out, "Jobs", &target.api::<Job>(), &of_database).await;
 

@@ -7,6 +7,7 @@
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 
@@ -57,6 +58,9 @@ impl LabelsRead for CronJob {
     const LABELS_READ: bool = false;
 }
 impl LabelsRead for PodDisruptionBudget {
+    const LABELS_READ: bool = false;
+}
+impl LabelsRead for NetworkPolicy {
     const LABELS_READ: bool = false;
 }
 impl LabelsRead for ServiceAccount {

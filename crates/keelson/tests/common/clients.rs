@@ -31,7 +31,19 @@ pub fn client(db: &str, name: &str, script: &str) -> serde_json::Value {
         {"name": "PGCONNECT_TIMEOUT", "value": "2"},
         {"name": "PGOPTIONS", "value": "-c statement_timeout=3000"}]);
     trust_database_ca(&mut pod, db);
+    await_network(&mut pod);
     pod
+}
+
+/// Makes the pod's script first wait (up to 10 s) until the host of `$URI` takes a TCP
+/// connection from it: a NetworkPolicy engine admits a new pod's address a moment after the pod
+/// starts (kube-router: about 0.1 s), and an application retries its first connection as well.
+pub fn await_network(pod: &mut serde_json::Value) {
+    const AWAIT: &str = r#"host="${URI#*@}"; host="${host%%[:/]*}"
+for i in $(seq 100); do timeout 2 bash -c "echo > /dev/tcp/$host/5432" 2>/dev/null && break; sleep 0.1; done
+"#;
+    let command = &mut pod["spec"]["containers"][0]["command"][2];
+    *command = json!(format!("{AWAIT}{}", command.as_str().unwrap_or_default()));
 }
 
 /// Mounts `ca.crt` of database `db`'s credentials Secret where libpq looks for it

@@ -815,6 +815,12 @@ backup() {
   local stamp target source="$PRIMARY_HOST"
   stamp="$(date -u +%Y%m%dT%H%M%SZ)"
   target="$BACKUP_DIR/$APP_DB-$stamp.dump"
+  # A NetworkPolicy engine admits a new pod's address a moment after it starts: up to 30 s for
+  # the primary to answer at all (pg_isready: 2 is no answer).
+  local tries=0
+  until "$(bin pg_isready)" -q -t 2 -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; [[ $? -ne 2 ]] || (( ++tries > 60 )); do
+    sleep 0.5
+  done
   if [[ -n "${BACKUP_SOURCE_HOST:-}" ]] && "$(bin pg_isready)" -q -t 5 -h "$BACKUP_SOURCE_HOST" -p "$PRIMARY_PORT"; then
     source="$BACKUP_SOURCE_HOST"
   fi
