@@ -635,6 +635,20 @@ async fn deleting_the_primary_promotes_a_replica_without_losing_an_acknowledged_
         let sender = sql_in(&ns, replica, "SELECT sender_host FROM pg_stat_wal_receiver")?;
         assert_eq!(sender, primary_ip, "{replica} streams from {sender}, not from the primary {primary}'s pod");
     }
+    // ... each through its replication slot there; no replica keeps a slot of its own (a former
+    // primary's would hold its WAL back).
+    let mut wanted: Vec<String> =
+        streaming.split(',').filter_map(|r| r.rsplit('-').next()).map(|n| format!("keelson_{n}")).collect();
+    wanted.sort();
+    let active_slots =
+        "SELECT coalesce(string_agg(slot_name, ',' ORDER BY slot_name), '') FROM pg_replication_slots WHERE active";
+    eventually(DEFAULT_TIMEOUT, "the replicas to stream through their slots", || async {
+        sql_in(&ns, &primary, active_slots).is_ok_and(|slots| slots == wanted.join(","))
+    })
+    .await?;
+    for replica in streaming.split(',') {
+        assert_eq!(sql_in(&ns, replica, "SELECT count(*) FROM pg_replication_slots")?, "0", "{replica} keeps slots");
+    }
     let upgraded = downs.iter().any(|(d, ..)| *d == Disruption::Upgrade);
     for reason in ["Failover", "Switchover", "RollingUpdate"].into_iter().filter(|r| upgraded || *r != "RollingUpdate")
     {

@@ -259,9 +259,15 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
 
     let replica_data = scratch.path.join("replica");
     let mut env = base_env(&replica_data);
-    env.extend([("PRIMARY_HOST", "127.0.0.1".to_string()), ("PRIMARY_PORT", primary.port.to_string())]);
+    env.extend([
+        ("PRIMARY_HOST", "127.0.0.1".to_string()),
+        ("PRIMARY_PORT", primary.port.to_string()),
+        ("POD_NAME", "db-1".to_string()),
+    ]);
     check(run(&script, &["init-replica"], &env)?, "init-replica")?;
     let replica = Server::start(&replica_data, &scratch.path)?;
+    // It streams through a slot of its own on the primary, named by its ordinal.
+    assert_eq!(replica.psql_superuser("postgres", "SHOW primary_slot_name")?, "keelson_1");
 
     assert_eq!(replica.psql("app", APP_PASSWORD, "app", "SELECT pg_is_in_recovery()")?, "t");
     assert_eq!(fingerprint(&replica)?, seeded, "the base backup lacks the seeded rows");
@@ -277,6 +283,10 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
     }
     let state = primary.psql_superuser("postgres", "SELECT state FROM pg_stat_replication")?;
     assert_eq!(state, "streaming");
+    let slot = "SELECT slot_type || ' ' || active FROM pg_replication_slots WHERE slot_name = 'keelson_1'";
+    until("the replica to stream through its slot", &|| {
+        Ok(primary.psql_superuser("postgres", slot)? == "physical true")
+    })?;
     // The replica is read-only.
     assert!(replica.psql("app", APP_PASSWORD, "app", "INSERT INTO orders VALUES (9002, 'x', 1)").is_err());
 

@@ -83,6 +83,22 @@ async fn tutorial_database_streams_to_two_replicas_and_serves_its_connection_sec
             .is_ok_and(|n| n == "2")
     })
     .await?;
+    // Each through a replication slot of its own, which keeps the WAL it has not received, up to a
+    // tenth of the volume.
+    let slots = "SELECT string_agg(slot_name, ',' ORDER BY slot_name) FROM pg_replication_slots WHERE active";
+    eventually(DEFAULT_TIMEOUT, "both replicas streaming through their slots", || async {
+        sql_in(&ns, "production-db-0", slots).is_ok_and(|s| s == "keelson_1,keelson_2")
+    })
+    .await?;
+    let cap = sql_in(
+        &ns,
+        "production-db-0",
+        "SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'",
+    )?;
+    assert!(
+        cap.parse::<i64>().is_ok_and(|mb| mb >= 64),
+        "max_slot_wal_keep_size {cap}MB: the slots' WAL is not capped"
+    );
 
     // Through the Secret's URI (the -rw Service, cluster DNS, the app role's password).
     // With TLS, the server's certificate verified against the Secret's CA (`sslmode=verify-full`).

@@ -92,6 +92,9 @@ until ip="$(getent hosts "$host" | awk '{print $1; exit}')" && [ -n "$ip" ]; do 
 # The address to connect to; the name, for verify-full, stays in the URI.
 URI="$URI&hostaddr=$ip"
 export PGOPTIONS=""
+# A session that has just ended leaves its pipe without a reader: writing to it must fail the
+# write (and open a new session), not kill this shell with SIGPIPE.
+trap '' PIPE
 i=0
 until [ -f /tmp/stop ]; do
   coproc SESSION { psql "$URI" -X -At -q -v ON_ERROR_STOP=1 2>/tmp/error; }

@@ -278,6 +278,9 @@ init_replica() {
   write_replication_passfile
   PGPASSFILE="$(replication_passfile)" "$(bin pg_basebackup)" -d "$(upstream_options)" -h "$upstream" -p "$PRIMARY_PORT" \
     -U "$REPLICATION_USER" -D "$PGDATA" -X stream -R --checkpoint=fast
+  # Its slot once cloned (the clone itself streams through a temporary one): a slot the
+  # replaced instance still holds would fail pg_basebackup; the WAL receiver waits for it.
+  printf 'primary_slot_name = %s\n' "$(sql_literal "$(ensure_slot "$upstream")")" >> "$PGDATA/postgresql.auto.conf"
   log "replica initialised; it streams from $upstream"
 }
 
@@ -324,7 +327,9 @@ rejoin() {
       reclone "the primary no longer had the WAL it needed"
       return
     fi
-    # Also when no rewind was needed (same timeline): this data follows the primary now.
+    # Also when no rewind was needed (same timeline): this data follows the primary now,
+    # through its slot there (the file's last setting wins, as pg_rewind's own lines do).
+    printf 'primary_slot_name = %s\n' "$(sql_literal "$(ensure_slot "$upstream")")" >> "$PGDATA/postgresql.auto.conf"
     touch "$PGDATA/standby.signal" "$marker"
     log "rewound; it streams from $upstream"
   else
@@ -332,6 +337,51 @@ rejoin() {
     log "pg_rewind failed; cloning $upstream afresh"
     reclone "its data could not be rewound onto the primary's timeline"
   fi
+}
+
+# This instance's replication slot on its primary: keelson_<ordinal> (slot names are [a-z0-9_]).
+slot_name() { [[ "${POD_NAME:-}" =~ -([0-9]+)$ ]] && echo "keelson_${BASH_REMATCH[1]}"; }
+
+# Makes sure HOST has this instance's physical slot, so that it keeps the WAL
+# this replica has not received, up to max_slot_wal_keep_size (see
+# slot_wal_limit); one lost to that cap is made anew. Prints the slot's name,
+# or nothing when there is none (no pod name, or HOST did not make it):
+# streaming then goes without one, on wal_keep_size alone.
+ensure_slot() {
+  local host="$1" slot
+  slot="$(slot_name)" || return 0
+  if ! PGPASSFILE="$(replication_passfile)" PGCONNECT_TIMEOUT=2 PGOPTIONS='-c statement_timeout=2000' \
+      "$(bin psql)" -X -At -q -v ON_ERROR_STOP=1 -v slot="$slot" \
+      -d "host=$host port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $(upstream_options)" \
+      >/dev/null 2>&1 <<'SQL'
+SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+  WHERE slot_name = :'slot' AND NOT active AND wal_status = 'lost';
+SELECT pg_create_physical_replication_slot(:'slot', true)
+  WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = :'slot');
+SQL
+  then
+    log "no replication slot on $host: streaming on wal_keep_size alone"
+    return 0
+  fi
+  echo "$slot"
+}
+
+# The most WAL the slots may keep: a tenth of the data volume (at least 64MB),
+# so that a replica that is gone for good cannot fill the primary's disk; past
+# it the slot is lost and the replica, back, is cloned afresh.
+slot_wal_limit() {
+  local bytes
+  bytes="$(df -B1 --output=size "$PGDATA" 2>/dev/null | tail -n 1 | tr -d ' ')"
+  [[ "$bytes" =~ ^[0-9]+$ ]] || { echo 1024MB; return; }
+  local mb=$(( bytes / 10 / 1048576 ))
+  echo "$(( mb < 64 ? 64 : mb ))MB"
+}
+
+# A replica keeps no slots: those of its days as a primary would hold its WAL back.
+drop_own_slots() {
+  env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
+    -d postgres -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+                    WHERE slot_name LIKE 'keelson\_%' AND NOT active" >/dev/null || true
 }
 
 # Until the replication role logs in to SOURCE (a conninfo) with the current password.
@@ -490,7 +540,8 @@ start() {
     write_parameters
     # shellcheck disable=SC2046 # ssl_options is words by design
     "$(bin postgres)" -D "$PGDATA" -p "$PGPORT" -c cluster_name="$POD_NAME" \
-      -c wal_sender_timeout=5s -c wal_receiver_timeout=5s $(ssl_options) &
+      -c wal_sender_timeout=5s -c wal_receiver_timeout=5s -c max_slot_wal_keep_size="$(slot_wal_limit)" \
+      $(ssl_options) &
     server=$!
     if [[ -z "$following" ]]; then
       following=1
@@ -599,6 +650,7 @@ SQL
     return 0
   elif [[ "$streaming" == t && -f "$(rejoin_marker)" ]]; then
     rm -f "$(rejoin_marker)"
+    drop_own_slots
     log "rejoined: streaming"
   fi
   wanted="$(cat "$ORDERS_DIR/synchronous-standbys" 2>/dev/null)" || return 0
@@ -637,12 +689,15 @@ follow() {
   # credentials change or a reconnect must not undo it).
   if [[ -n "${ORDERS_DIR:-}" && -s "$ORDERS_DIR/hold" ]]; then log "held for a failover: not following $host yet"; return 1; fi
   write_replication_passfile || { log "could not write the replication passfile"; return 1; }
+  local slot; slot="$(ensure_slot "$host")"
   conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica}"
   conninfo+=" passfile=$(replication_passfile) $(upstream_options)"
-  printf 'ALTER SYSTEM SET primary_conninfo = %s;\nSELECT pg_reload_conf();\n' "$(sql_literal "$conninfo")" \
+  printf 'ALTER SYSTEM SET primary_conninfo = %s;\nALTER SYSTEM SET primary_slot_name = %s;\nSELECT pg_reload_conf();\n' \
+    "$(sql_literal "$conninfo")" "$(sql_literal "$slot")" \
     | env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
       -d postgres -v ON_ERROR_STOP=1 >/dev/null || { log "could not follow $host"; return 1; }
-  log "streams from $host"
+  drop_own_slots
+  log "streams from $host${slot:+ through slot $slot}"
 }
 
 # New orders are acted on within ORDERS_POLL; otherwise the server is looked
