@@ -10,7 +10,8 @@ use kube::api::DeleteParams;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::observed::{Caches, Observed};
+use super::observed::Observed;
+use super::watches::Caches;
 use super::{backup, names};
 use crate::api::mydatabase::{DeletionPolicy, MyDatabase};
 use crate::runtime::outcome::ChildFailure;

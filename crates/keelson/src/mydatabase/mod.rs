@@ -31,24 +31,20 @@ pub mod status;
 pub mod tls;
 pub mod upgrade;
 pub mod validation;
+pub mod watches;
 
 use std::sync::Arc;
 
 use futures::{StreamExt, stream};
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::MyDatabase;
-use crate::runtime::cache::{self, Packed};
+use crate::runtime::cache;
 use crate::runtime::controller::{ControllerDef, RunParams, drive};
 use crate::runtime::permissions::Permission;
-use crate::runtime::{meta, queue, scoped_api};
+use crate::runtime::{queue, scoped_api};
 
 /// The MyDatabase controller, for the operator's table.
 pub const CONTROLLER: ControllerDef =
@@ -106,66 +102,22 @@ pub const RBAC: &[Permission] = &[
     },
 ];
 
-/// The MyDatabase a labelled object (a backup Job, a pod, a volume) belongs to.
-fn owning_database<K: kube::Resource>(object: &K) -> Option<ObjectRef<MyDatabase>> {
-    let cluster = object.labels().get(names::CLUSTER_LABEL)?.clone();
-    Some(ObjectRef::<MyDatabase>::new(&cluster).within(&object.namespace()?))
-}
-
 /// Runs the MyDatabase controller until shutdown.
 pub async fn run(params: RunParams) {
     let RunParams { ctx, readiness, namespace, concurrency, on_synced, shutdown } = params;
     let namespace = namespace.as_deref();
     let client = &ctx.client;
-    let managed = meta::managed_selector(names::APP_NAME);
-    // Database pods; backup and restore pods for what their termination message reports.
-    let of_components = |components: &str| format!("{managed},app.kubernetes.io/component in ({components})");
     let watch = |kind: &str| cache::Watching {
         health: readiness.watch(format!("{}/{kind}", reconcile::CONTROLLER)),
         streaming_lists: ctx.settings.streaming_lists,
     };
     let (databases, database_events) =
         cache::watch(scoped_api::<MyDatabase>(client, namespace), "", watch("MyDatabase"));
-    let (statefulsets, statefulset_events) =
-        cache::watch(scoped_api::<Packed<StatefulSet>>(client, namespace), &managed, watch("StatefulSet"));
-    let (services, service_events) =
-        cache::watch(scoped_api::<Packed<Service>>(client, namespace), &managed, watch("Service"));
-    let (secrets, secret_events) =
-        cache::watch(scoped_api::<Packed<Secret>>(client, namespace), &managed, watch("Secret"));
-    let (config_maps, config_map_events) =
-        cache::watch(scoped_api::<Packed<ConfigMap>>(client, namespace), &managed, watch("ConfigMap"));
-    let (cron_jobs, cron_job_events) =
-        cache::watch(scoped_api::<Packed<CronJob>>(client, namespace), &managed, watch("CronJob"));
-    let (disruption_budgets, disruption_budget_events) = cache::watch(
-        scoped_api::<Packed<PodDisruptionBudget>>(client, namespace),
-        &managed,
-        watch("PodDisruptionBudget"),
-    );
-    let (network_policies, network_policy_events) =
-        cache::watch(scoped_api::<Packed<NetworkPolicy>>(client, namespace), &managed, watch("NetworkPolicy"));
-    // Backup Jobs, database pods, volumes and the credentials belong to the
-    // CronJob, the StatefulSet or no one: mapped to their MyDatabase by label.
-    let (jobs, job_events) =
-        cache::watch(scoped_api::<Packed<Job>>(client, namespace), &of_components("backup,restore"), watch("Job"));
-    let (pods, pod_events) = cache::watch(
-        scoped_api::<Packed<Pod>>(client, namespace),
-        &of_components("database,backup,restore"),
-        watch("Pod"),
-    );
-    let (claims, claim_events) = cache::watch(
-        scoped_api::<Packed<PersistentVolumeClaim>>(client, namespace),
-        &managed,
-        watch("PersistentVolumeClaim"),
-    );
-    let (service_accounts, service_account_events) =
-        cache::watch(scoped_api::<Packed<ServiceAccount>>(client, namespace), &managed, watch("ServiceAccount"));
-    let (roles, role_events) = cache::watch(scoped_api::<Packed<Role>>(client, namespace), &managed, watch("Role"));
-    let (role_bindings, role_binding_events) =
-        cache::watch(scoped_api::<Packed<RoleBinding>>(client, namespace), &managed, watch("RoleBinding"));
     // A cordoned node (a drain begins): the databases whose primary runs there.
     let (cordoned, cordon_events) =
         drain::watch(kube::Api::all(client.clone()), readiness.watch(format!("{}/Node", reconcile::CONTROLLER)));
-    let pods_by_node = pods.clone();
+    let (caches, child_triggers) = watches::Caches::watch(client, namespace, watch, cordoned);
+    let pods_by_node = caches.pods.clone();
     let drains = cordon_events.flat_map(move |node| {
         let pods: Vec<Pod> = pods_by_node
             .state()
@@ -174,42 +126,12 @@ pub async fn run(params: RunParams) {
             .filter_map(|p| p.unpack().ok())
             .collect();
         let databases: Vec<ObjectRef<MyDatabase>> =
-            drain::primaries_on(&pods, &node).into_iter().filter_map(owning_database).collect();
+            drain::primaries_on(&pods, &node).into_iter().filter_map(watches::owning_database).collect();
         stream::iter(databases)
     });
-    let triggers = stream::select_all([
-        drains.boxed(),
-        queue::trigger_self(database_events).boxed(),
-        queue::trigger_owners(statefulset_events).boxed(),
-        queue::trigger_owners(service_events).boxed(),
-        queue::trigger_owners(config_map_events).boxed(),
-        queue::trigger_owners(cron_job_events).boxed(),
-        queue::trigger_owners(disruption_budget_events).boxed(),
-        queue::trigger_owners(network_policy_events).boxed(),
-        queue::trigger_owners(service_account_events).boxed(),
-        queue::trigger_owners(role_events).boxed(),
-        queue::trigger_owners(role_binding_events).boxed(),
-        queue::trigger_with(secret_events, owning_database).boxed(),
-        queue::trigger_with(job_events, owning_database).boxed(),
-        queue::trigger_with(pod_events, owning_database).boxed(),
-        queue::trigger_with(claim_events, owning_database).boxed(),
-    ]);
-    let caches = observed::Caches {
-        statefulsets,
-        services,
-        secrets,
-        config_maps,
-        cron_jobs,
-        disruption_budgets,
-        network_policies,
-        jobs,
-        claims,
-        pods,
-        service_accounts,
-        roles,
-        role_bindings,
-        cordoned,
-    };
+    let triggers = stream::select_all(
+        [drains.boxed(), queue::trigger_self(database_events).boxed()].into_iter().chain(child_triggers),
+    );
     let reconciler = Arc::new(reconcile::MyDatabaseReconciler { ctx, caches, primaries: Default::default() });
     drive(databases, triggers, reconciler, concurrency, on_synced, shutdown).await;
 }

@@ -5,38 +5,16 @@
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::Api;
-use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
 use super::names;
+use super::watches::Caches;
 use crate::api::MyDatabase;
-use crate::runtime::cache::{self, Packed};
+use crate::runtime::cache;
 use crate::runtime::ownership::labelled_for;
 use crate::{Error, Result};
-
-/// The caches of everything a MyDatabase owns or watches, filled by its watches.
-pub struct Caches {
-    pub statefulsets: Store<Packed<StatefulSet>>,
-    pub services: Store<Packed<Service>>,
-    pub secrets: Store<Packed<Secret>>,
-    pub config_maps: Store<Packed<ConfigMap>>,
-    pub cron_jobs: Store<Packed<CronJob>>,
-    pub disruption_budgets: Store<Packed<PodDisruptionBudget>>,
-    pub network_policies: Store<Packed<NetworkPolicy>>,
-    pub jobs: Store<Packed<Job>>,
-    pub claims: Store<Packed<PersistentVolumeClaim>>,
-    pub pods: Store<Packed<Pod>>,
-    pub service_accounts: Store<Packed<ServiceAccount>>,
-    pub roles: Store<Packed<Role>>,
-    pub role_bindings: Store<Packed<RoleBinding>>,
-    /// The nodes cordoned now: a drain takes the primary's pod soon.
-    pub cordoned: super::drain::Cordoned,
-}
 
 /// What the cluster holds for one MyDatabase; apply updates it with what it wrote.
 #[derive(Debug, Default)]
@@ -87,29 +65,6 @@ pub struct Observed {
     pub restart_pending: Option<String>,
     /// The instance managers against this operator's image (set by apply).
     pub managers: Option<super::upgrade::Managers>,
-}
-
-impl Caches {
-    /// Until every cache has its first full list (at once afterwards): a
-    /// reconcile must not take an unsynced cache's emptiness for the cluster's.
-    /// Bounded: a watch that cannot list is an error naming it, not a hang.
-    async fn synced(&self) -> Result<()> {
-        use cache::synced as ready;
-        ready(&self.statefulsets, "StatefulSets").await?;
-        ready(&self.services, "Services").await?;
-        ready(&self.secrets, "Secrets").await?;
-        ready(&self.config_maps, "ConfigMaps").await?;
-        ready(&self.cron_jobs, "CronJobs").await?;
-        ready(&self.disruption_budgets, "PodDisruptionBudgets").await?;
-        ready(&self.network_policies, "NetworkPolicies").await?;
-        ready(&self.jobs, "Jobs").await?;
-        ready(&self.claims, "PersistentVolumeClaims").await?;
-        ready(&self.pods, "Pods").await?;
-        ready(&self.service_accounts, "ServiceAccounts").await?;
-        ready(&self.roles, "Roles").await?;
-        ready(&self.role_bindings, "RoleBindings").await?;
-        Ok(())
-    }
 }
 
 /// A Secret of this database's from the cache, else (when `confirm`) from the API server: a

@@ -19,11 +19,12 @@ use serde_json::json;
 
 use super::failover::{self, Decision};
 use super::instance_access::{self, InstanceAccess};
-use super::observed::{self, Caches, Observed};
+use super::observed::{self, Observed};
 use super::restore::{self, Progress, Restore};
 use super::rollout::{self, Step};
 use super::statefulset::TemplateChange;
 use super::upgrade::{self, Template};
+use super::watches::Caches;
 use super::{
     backup, credentials, deletion, drain, instances, names, network_policy, pdb, scripts, services, statefulset,
     status, tls, validation,
@@ -1190,22 +1191,14 @@ mod tests {
     }
 
     fn reconciler(client: kube::Client, cached: Cached) -> Arc<MyDatabaseReconciler> {
-        let caches = Caches {
-            statefulsets: cache(cached.statefulsets),
-            services: cache(vec![]),
-            secrets: cache(cached.secrets),
-            config_maps: cache(vec![]),
-            cron_jobs: cache(cached.cron_jobs),
-            disruption_budgets: cache(cached.disruption_budgets),
-            network_policies: cache(vec![]),
-            jobs: cache(cached.jobs),
-            claims: cache(cached.claims),
-            pods: cache(cached.pods),
-            service_accounts: cache(vec![]),
-            roles: cache(vec![]),
-            role_bindings: cache(vec![]),
-            cordoned: Default::default(),
-        };
+        let mut caches = Caches::empty();
+        caches.statefulsets = cache(cached.statefulsets);
+        caches.secrets = cache(cached.secrets);
+        caches.cron_jobs = cache(cached.cron_jobs);
+        caches.disruption_budgets = cache(cached.disruption_budgets);
+        caches.jobs = cache(cached.jobs);
+        caches.claims = cache(cached.claims);
+        caches.pods = cache(cached.pods);
         Arc::new(MyDatabaseReconciler {
             ctx: Context::new(client, Arc::new(Metrics::default()), crate::runtime::Settings::default()),
             caches,
