@@ -9,7 +9,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::{Error, Result};
 
-/// `Kind/namespace/name`: how the backoff and [`super::context::OwnWrites`] know an object.
+/// `Kind/namespace/name`: how the backoff and [`super::own_writes::OwnWrites`] know an object.
 pub fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
     key(&K::kind(&()), object.namespace().as_deref(), &object.name_any())
 }

@@ -3,6 +3,7 @@
 //! election and the RBAC declarations.
 
 pub mod apply;
+pub mod backoff;
 pub mod cache;
 pub mod client;
 pub mod context;
@@ -16,6 +17,7 @@ pub mod leader;
 pub mod meta;
 pub mod metrics;
 pub mod outcome;
+pub mod own_writes;
 pub mod ownership;
 pub mod packed;
 pub mod permissions;
@@ -26,6 +28,7 @@ pub mod report;
 pub mod secure_metrics;
 pub mod security;
 pub mod status;
+pub mod status_writes;
 
 pub use apply::Applier;
 pub use context::{Context, FIELD_MANAGER, Settings};

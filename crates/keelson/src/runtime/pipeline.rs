@@ -24,9 +24,10 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::apply::{Applier, Child};
-use super::context::{Context, Convergence};
+use super::context::Context;
 use super::outcome::{Invalid, Outcome};
 use super::status;
+use super::status_writes::Convergence;
 use crate::{Error, Result};
 
 /// One controller's answers to the pipeline's questions.
@@ -73,7 +74,7 @@ pub trait Reconciler: Send + Sync + 'static {
     /// A status on its way to another (pods coming up): such a status is
     /// written only once the object has been on its way for [`STATUS_SETTLE`]
     /// as this process saw it, at most once per [`STATUS_SETTLE`], and not
-    /// while more than [`CROWD`](super::context::CROWD) objects are on their
+    /// while more than [`CROWD`](super::status_writes::CROWD) objects are on their
     /// way, so that a quick convergence, or many at once, cost one status write
     /// per object, not one per step. Default: none is.
     fn progressing(_status: &Self::Status) -> bool {

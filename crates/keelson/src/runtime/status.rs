@@ -20,7 +20,7 @@ pub fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now.round(k8s_openapi::jiff::Unit::Second).unwrap_or(now))
 }
 
-/// How [`crate::runtime::context::StatusWrites`] knows an object: `controller/namespace/name`.
+/// How [`crate::runtime::status_writes::StatusWrites`] knows an object: `controller/namespace/name`.
 pub fn key<K: Resource>(controller: &str, object: &K) -> String {
     super::meta::key(controller, object.namespace().as_deref(), &object.name_any())
 }
@@ -47,7 +47,7 @@ where
     let key = key(controller, object);
     let status = serde_json::to_string(new).map_err(|source| Error::Serialize { what: "status", source })?;
     // Hashed once: compared before the write, remembered after it.
-    let digest = super::context::status_digest(&status);
+    let digest = super::status_writes::status_digest(&status);
     if ctx.status_writes.not_yet_seen(&key, digest, object.resource_version().as_deref()) {
         return Ok(false);
     }

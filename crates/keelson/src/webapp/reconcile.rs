@@ -220,7 +220,7 @@ mod tests {
         // On its way for a while (alone, its progress would be due) among ten others.
         let long_ago = std::time::Instant::now() - 2 * pipeline::STATUS_SETTLE;
         reconciler.ctx.status_writes.note_converging_at("webapp/default/sandy-app", true, long_ago);
-        for i in 0..crate::runtime::context::CROWD {
+        for i in 0..crate::runtime::status_writes::CROWD {
             reconciler.ctx.status_writes.note_converging(&format!("webapp/other/{i}"), true);
         }
         let action = pipeline::reconcile(Arc::new(app), reconciler).await.expect("reconciles");
