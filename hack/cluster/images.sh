@@ -77,5 +77,29 @@ keelson_image() {
     done
     rm -rf "$work"
   fi
+  prune_keelson_images "$hash"
   echo "$ref"
+}
+
+# prune_keelson_images HASH: the images of other builds of keelson (test and
+# demo tags, `keelson:dev-<hash>`, `keelson:demo-<hash>`, and their suffixed
+# names) leave the nodes, with their markers; containerd then collects their
+# layers. Each is a debug binary: without this, every build kept hundreds of
+# MB per node for good.
+prune_keelson_images() {
+  local hash="$1" k old orphans
+  for k in $(powered_nodes); do
+    node "$k"
+    old="$(ctr_node images ls -q 2>/dev/null | grep -E '^docker\.io/library/keelson:(dev|demo)-[0-9a-f]{12}' \
+      | grep -vE "^docker\.io/library/keelson:(dev|demo)-$hash" || true)"
+    # shellcheck disable=SC2086 # one name per word
+    [[ -z "$old" ]] || ctr_node images rm $old >> "$DIR/images.log" 2>&1 || true
+    # The kubelet's runtime also names each image by its ID (sha256:...): such a name whose image
+    # no tag names any more would keep the layers.
+    orphans="$(ctr_node images ls 2>/dev/null | awk 'NR > 1 && $1 !~ /^sha256:/ {tagged[$3] = 1}
+      NR > 1 && $1 ~ /^sha256:/ {id[$1] = $3} END {for (i in id) if (!(id[i] in tagged)) print i}')"
+    # shellcheck disable=SC2086 # one name per word
+    [[ -z "$orphans" ]] || ctr_node images rm --sync $orphans >> "$DIR/images.log" 2>&1 || true
+    find "$NODE_DIR/containerd/root" -maxdepth 1 -name 'keelson-image-*' ! -name "keelson-image-$hash-*" -delete
+  done
 }
