@@ -9,6 +9,9 @@ start_images() {
   local k pids=()
   for k in $(node_numbers); do
     node "$k"
+    # The markers say what was imported once; the kubelet's image GC (disk pressure) may have
+    # removed it since: then everything is imported again.
+    healthy_node_images || rm -f "$NODE_DIR/containerd/root/keelson-imported-"*
     (
       for archive in "$dir"/*.tar; do
         marker="$NODE_DIR/containerd/root/keelson-imported-$(basename "$dir")-$(basename "$archive" .tar)"
@@ -25,13 +28,15 @@ start_images() {
 }
 
 healthy_images() {
-  local k names
-  for k in $(node_numbers); do
-    node "$k"
-    names="$(ctr_node images ls -q)"
-    grep -qx registry.k8s.io/pause:3.10 <<<"$names" && grep -qx docker.io/library/postgres:15.2 <<<"$names" \
-      && grep -qx docker.io/library/nginx:1.25-alpine <<<"$names" || return 1
-  done
+  local k
+  for k in $(node_numbers); do node "$k"; healthy_node_images || return 1; done
+}
+
+healthy_node_images() {
+  local names
+  names="$(ctr_node images ls -q)"
+  grep -qx registry.k8s.io/pause:3.10 <<<"$names" && grep -qx docker.io/library/postgres:15.2 <<<"$names" \
+    && grep -qx docker.io/library/nginx:1.25-alpine <<<"$names"
 }
 
 # keelson_image BINARY: the operator's image made from BINARY (one file,
@@ -53,7 +58,11 @@ keelson_image() {
   marker="keelson-image-$hash-$(printf '%s' "$full" | sha256sum | cut -c1-8)"
   [[ "$(profile)" == kwok ]] && { echo "$ref"; return; }
   local k missing=()
-  for k in $(node_numbers); do node "$k"; [[ -f "$NODE_DIR/containerd/root/$marker" ]] || missing+=("$k"); done
+  for k in $(powered_nodes); do
+    node "$k"
+    # The marker, and the image itself: the kubelet's image GC may have removed it since.
+    [[ -f "$NODE_DIR/containerd/root/$marker" ]] && ctr_node images ls -q 2>/dev/null | grep -qx "$full" || missing+=("$k")
+  done
   if [[ ${#missing[@]} -gt 0 ]]; then
     work="$(mktemp -d)"
     mkdir "$work/rootfs"
@@ -81,17 +90,17 @@ keelson_image() {
   echo "$ref"
 }
 
-# prune_keelson_images HASH: the images of other builds of keelson (test and
-# demo tags, `keelson:dev-<hash>`, `keelson:demo-<hash>`, and their suffixed
-# names) leave the nodes, with their markers; containerd then collects their
-# layers. Each is a debug binary: without this, every build kept hundreds of
-# MB per node for good.
+# prune_keelson_images HASH: the images of other builds of keelson that tests
+# made (`keelson:dev-<hash>` and its suffixed names; a demo's and a user's
+# tags stay) leave the nodes, with their markers; containerd then collects
+# their layers. Each is a debug binary: without this, every build kept
+# hundreds of MB per node for good.
 prune_keelson_images() {
   local hash="$1" k old orphans
   for k in $(powered_nodes); do
     node "$k"
-    old="$(ctr_node images ls -q 2>/dev/null | grep -E '^docker\.io/library/keelson:(dev|demo)-[0-9a-f]{12}' \
-      | grep -vE "^docker\.io/library/keelson:(dev|demo)-$hash" || true)"
+    old="$(ctr_node images ls -q 2>/dev/null | grep -E '^docker\.io/library/keelson:dev-[0-9a-f]{12}' \
+      | grep -vE "^docker\.io/library/keelson:dev-$hash" || true)"
     # shellcheck disable=SC2086 # one name per word
     [[ -z "$old" ]] || ctr_node images rm $old >> "$DIR/images.log" 2>&1 || true
     # The kubelet's runtime also names each image by its ID (sha256:...): such a name whose image

@@ -257,6 +257,10 @@ fn streaming_replica_set_up_by_the_script_replicates_rows() -> anyhow::Result<()
     let primary = primary(&scratch, &script)?;
     let seeded = seed(&primary)?;
 
+    // Slots only where what they keep is capped, as the script's servers are (max_slot_wal_keep_size).
+    primary.psql_superuser("postgres", "ALTER SYSTEM SET max_slot_wal_keep_size = '1GB'")?;
+    primary.psql_superuser("postgres", "SELECT pg_reload_conf()")?;
+    until("the cap to be read", &|| Ok(primary.psql_superuser("postgres", "SHOW max_slot_wal_keep_size")? == "1GB"))?;
     let replica_data = scratch.path.join("replica");
     let mut env = base_env(&replica_data);
     env.extend([

@@ -252,9 +252,12 @@ impl Reconciler for MyDatabaseReconciler {
         for service in desired.services {
             applier.apply(&caches.services, service).await;
         }
-        // Before the instances exist: no moment where they take connections from anywhere.
+        // Before the instances exist: no moment where they take connections from anywhere (a
+        // first StatefulSet waits for it; a running database's is not held back by it).
+        let wants_policy = desired.network_policy.is_some();
         let policy = names::network_policy(db);
-        applier.apply_optional(&caches.network_policies, &policy, desired.network_policy).await;
+        let policy = applier.apply_optional(&caches.network_policies, &policy, desired.network_policy).await;
+        let unprotected = wants_policy && policy.is_none();
         let backups_claim = match desired.backups_claim {
             Some(claim) => applier.apply(&caches.claims, claim).await,
             None => observed.backups_claim.clone(),
@@ -285,6 +288,10 @@ impl Reconciler for MyDatabaseReconciler {
         let mut restart_pending = None;
         let statefulset = match statefulset::template_change(db, observed.statefulset.as_ref()) {
             _ if !restored => None,
+            _ if unprotected && observed.statefulset.is_none() => {
+                applier.wait(format!("NetworkPolicy {} before the first instance", names::network_policy(db)));
+                None
+            }
             TemplateChange::None => match desired.statefulset {
                 Template::Apply(statefulset) => applier.apply(&caches.statefulsets, *statefulset).await,
                 Template::Held(fields) => {
@@ -1458,6 +1465,18 @@ mod tests {
             held_at: None,
             blocked_told: false,
         }
+    }
+
+    #[tokio::test]
+    async fn a_refused_network_policy_holds_the_first_instances_back() {
+        let db = held();
+        let (api, client) = FakeApi::new(&db);
+        api.refuse("PATCH", "/networkpolicies/", 403, "Forbidden", "refused by an admission policy");
+        let action = pipeline::reconcile(Arc::new(db), reconciler(client, Cached::default())).await;
+        assert!(action.is_err(), "a refused child is an error, retried with backoff");
+        let applies = api.applies();
+        assert!(applies.iter().any(|a| a == "networkpolicies/production-db"), "{applies:?}");
+        assert!(!applies.iter().any(|a| a.starts_with("statefulsets/")), "instances without their policy: {applies:?}");
     }
 
     #[tokio::test]

@@ -344,22 +344,29 @@ slot_name() { [[ "${POD_NAME:-}" =~ -([0-9]+)$ ]] && echo "keelson_${BASH_REMATC
 
 # Makes sure HOST has this instance's physical slot, so that it keeps the WAL
 # this replica has not received, up to max_slot_wal_keep_size (see
-# slot_wal_limit); one lost to that cap is made anew. Prints the slot's name,
-# or nothing when there is none (no pod name, or HOST did not make it):
-# streaming then goes without one, on wal_keep_size alone.
+# slot_wal_limit); one lost to that cap is made anew. None on a server without
+# that cap (one started by an older script): there a slot could keep WAL without
+# bound. Prints the slot's name, or nothing when there is none (no pod name, or
+# HOST did not make it): streaming then goes without one, on wal_keep_size alone.
 ensure_slot() {
-  local host="$1" slot
+  local host="$1" slot exists
   slot="$(slot_name)" || return 0
-  if ! PGPASSFILE="$(replication_passfile)" PGCONNECT_TIMEOUT=2 PGOPTIONS='-c statement_timeout=2000' \
-      "$(bin psql)" -X -At -q -v ON_ERROR_STOP=1 -v slot="$slot" \
+  # Not stopping on an error: another caller may have made the slot a moment ago.
+  exists="$(PGPASSFILE="$(replication_passfile)" PGCONNECT_TIMEOUT=2 PGOPTIONS='-c statement_timeout=2000' \
+      "$(bin psql)" -X -At -q -v slot="$slot" \
       -d "host=$host port=$PRIMARY_PORT user=$REPLICATION_USER dbname=postgres $(upstream_options)" \
-      >/dev/null 2>&1 <<'SQL'
+      2>/dev/null <<'SQL'
+\o /dev/null
 SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
   WHERE slot_name = :'slot' AND NOT active AND wal_status = 'lost';
 SELECT pg_create_physical_replication_slot(:'slot', true)
-  WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = :'slot');
+  WHERE current_setting('max_slot_wal_keep_size') <> '-1'
+    AND NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = :'slot');
+\o
+SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = :'slot');
 SQL
-  then
+  )" || true
+  if [[ "$exists" != t ]]; then
     log "no replication slot on $host: streaming on wal_keep_size alone"
     return 0
   fi
@@ -381,7 +388,7 @@ slot_wal_limit() {
 drop_own_slots() {
   env PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -h "${PGHOST:-/var/run/postgresql}" -p "$PGPORT" -U postgres \
     -d postgres -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
-                    WHERE slot_name LIKE 'keelson\_%' AND NOT active" >/dev/null || true
+                    WHERE slot_name LIKE 'keelson\_%' AND NOT active AND pg_is_in_recovery()" >/dev/null || true
 }
 
 # Until the replication role logs in to SOURCE (a conninfo) with the current password.
@@ -534,6 +541,7 @@ start() {
     [[ -z "$stopping" ]] || exit 143
     # cluster_name names a replica to its primary (the WAL receiver's
     # application_name): pg_stat_replication and the instance reports go by pod.
+    # Slots: one per replica (16 instances at most) and pg_basebackup's temporary ones.
     # Replication connections that went silent (a partition, a powered-off
     # node) are dropped after 5 s: a cut-off primary sees its replicas gone,
     # and fences itself, before the operator takes its lease for expired.
@@ -541,6 +549,7 @@ start() {
     # shellcheck disable=SC2046 # ssl_options is words by design
     "$(bin postgres)" -D "$PGDATA" -p "$PGPORT" -c cluster_name="$POD_NAME" \
       -c wal_sender_timeout=5s -c wal_receiver_timeout=5s -c max_slot_wal_keep_size="$(slot_wal_limit)" \
+      -c max_replication_slots=32 \
       $(ssl_options) &
     server=$!
     if [[ -z "$following" ]]; then
@@ -690,6 +699,8 @@ follow() {
   if [[ -n "${ORDERS_DIR:-}" && -s "$ORDERS_DIR/hold" ]]; then log "held for a failover: not following $host yet"; return 1; fi
   write_replication_passfile || { log "could not write the replication passfile"; return 1; }
   local slot; slot="$(ensure_slot "$host")"
+  # Again: making the slot took a round trip, in which a failover may have asked for a hold.
+  if [[ -n "${ORDERS_DIR:-}" && -s "$ORDERS_DIR/hold" ]]; then log "held for a failover: not following $host yet"; return 1; fi
   conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica}"
   conninfo+=" passfile=$(replication_passfile) $(upstream_options)"
   printf 'ALTER SYSTEM SET primary_conninfo = %s;\nALTER SYSTEM SET primary_slot_name = %s;\nSELECT pg_reload_conf();\n' \
@@ -870,8 +881,9 @@ backup() {
   local stamp target source="$PRIMARY_HOST"
   stamp="$(date -u +%Y%m%dT%H%M%SZ)"
   target="$BACKUP_DIR/$APP_DB-$stamp.dump"
-  # A NetworkPolicy engine admits a new pod's address a moment after it starts: up to 30 s for
-  # the primary to answer at all (pg_isready: 2 is no answer).
+  # A NetworkPolicy engine admits a new pod's address a moment after it starts: up to 60 tries
+  # (about two and a half minutes when nothing answers) for the primary to answer at all
+  # (pg_isready: 2 is no answer).
   local tries=0
   until "$(bin pg_isready)" -q -t 2 -h "$PRIMARY_HOST" -p "$PRIMARY_PORT"; [[ $? -ne 2 ]] || (( ++tries > 60 )); do
     sleep 0.5
