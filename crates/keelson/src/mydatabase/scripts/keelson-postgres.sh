@@ -280,7 +280,7 @@ init_replica() {
     -U "$REPLICATION_USER" -D "$PGDATA" -X stream -R --checkpoint=fast
   # Its slot once cloned (the clone itself streams through a temporary one): a slot the
   # replaced instance still holds would fail pg_basebackup; the WAL receiver waits for it.
-  printf 'primary_slot_name = %s\n' "$(sql_literal "$(ensure_slot "$upstream")")" >> "$PGDATA/postgresql.auto.conf"
+  slot_in_config "$upstream"
   log "replica initialised; it streams from $upstream"
 }
 
@@ -328,8 +328,8 @@ rejoin() {
       return
     fi
     # Also when no rewind was needed (same timeline): this data follows the primary now,
-    # through its slot there (the file's last setting wins, as pg_rewind's own lines do).
-    printf 'primary_slot_name = %s\n' "$(sql_literal "$(ensure_slot "$upstream")")" >> "$PGDATA/postgresql.auto.conf"
+    # through its slot there.
+    slot_in_config "$upstream"
     touch "$PGDATA/standby.signal" "$marker"
     log "rewound; it streams from $upstream"
   else
@@ -337,6 +337,12 @@ rejoin() {
     log "pg_rewind failed; cloning $upstream afresh"
     reclone "its data could not be rewound onto the primary's timeline"
   fi
+}
+
+# Names this instance's slot on HOST in the configuration of a server that is down (the
+# file's last setting wins, as pg_basebackup's and pg_rewind's own lines do).
+slot_in_config() {
+  printf 'primary_slot_name = %s\n' "$(sql_literal "$(ensure_slot "$1")")" >> "$PGDATA/postgresql.auto.conf"
 }
 
 # This instance's replication slot on its primary: keelson_<ordinal> (slot names are [a-z0-9_]).
@@ -691,16 +697,18 @@ write_replication_passfile() {
   ( umask 077; printf '%s\n' "$line" > "$file.partial" ) && mv "$file.partial" "$file"
 }
 
+held_for_failover() { [[ -n "${ORDERS_DIR:-}" && -s "$ORDERS_DIR/hold" ]]; }
+
 # Streams from HOST from now on (the WAL receiver reconnects on reload).
 follow() {
   local host="$1" conninfo
   # Held for a failover: no streaming until the operator lifts the hold (a
   # credentials change or a reconnect must not undo it).
-  if [[ -n "${ORDERS_DIR:-}" && -s "$ORDERS_DIR/hold" ]]; then log "held for a failover: not following $host yet"; return 1; fi
+  if held_for_failover; then log "held for a failover: not following $host yet"; return 1; fi
   write_replication_passfile || { log "could not write the replication passfile"; return 1; }
   local slot; slot="$(ensure_slot "$host")"
   # Again: making the slot took a round trip, in which a failover may have asked for a hold.
-  if [[ -n "${ORDERS_DIR:-}" && -s "$ORDERS_DIR/hold" ]]; then log "held for a failover: not following $host yet"; return 1; fi
+  if held_for_failover; then log "held for a failover: not following $host yet"; return 1; fi
   conninfo="host=$host port=$PRIMARY_PORT user=$REPLICATION_USER application_name=${POD_NAME:-replica}"
   conninfo+=" passfile=$(replication_passfile) $(upstream_options)"
   printf 'ALTER SYSTEM SET primary_conninfo = %s;\nALTER SYSTEM SET primary_slot_name = %s;\nSELECT pg_reload_conf();\n' \
