@@ -2,6 +2,10 @@
 //! through `-rw` and recording every commit it saw acknowledged:
 //! - two instances are synchronous (the replica confirms each commit), so a
 //!   failover loses nothing;
+//! - two instances with `replication: Preferred` write on when their replica
+//!   stops streaming, after recording it; the primary lost meanwhile keeps
+//!   its role (no replica without its commits is promoted), and once the
+//!   replica caught up a failover loses nothing;
 //! - with three, a failover waits for every named synchronous standby: one
 //!   that does not answer (its postmaster frozen) blocks the promotion, with
 //!   a condition and an Event, until it answers again;
@@ -30,7 +34,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use keelson::api::MyDatabase;
 use keelson::api::instance::{HOLD_STREAMING, LEASE, POSITION_REQUEST, UPSTREAM};
-use keelson::api::mydatabase::{DatabasePhase, SWITCHOVER_ANNOTATION};
+use keelson::api::mydatabase::{DatabasePhase, ReplicationMode, SWITCHOVER_ANNOTATION};
 use keelson::mydatabase::names;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
@@ -71,7 +75,13 @@ fn database(db: &str, instances: i32) -> anyhow::Result<MyDatabase> {
 }
 
 async fn create(ns: &TestNamespace, db: &str, instances: i32) -> anyhow::Result<String> {
-    let object = database(db, instances)?;
+    create_from(ns, database(db, instances)?).await
+}
+
+/// Creates `object`, waits for it to settle, and starts the session writing to it.
+async fn create_from(ns: &TestNamespace, object: MyDatabase) -> anyhow::Result<String> {
+    let (db, instances) = (object.name_any(), object.spec.replicas);
+    let db = db.as_str();
     ns.api::<MyDatabase>().create(&PostParams::default(), &object).await?;
     let primary = settled(ns, db, instances).await?;
     sql_in(ns, &primary, "CREATE TABLE acked_session (id int PRIMARY KEY); GRANT ALL ON acked_session TO app")?;
@@ -174,6 +184,102 @@ async fn two_instances_are_synchronous_and_fail_over_without_loss() -> anyhow::R
     assert_eq!(settled(&ns, db, 2).await?, replica);
     assert_eq!(sql_in(&ns, &primary, "SELECT pg_is_in_recovery()")?, "t");
     nothing_lost(&ns, db, &[(&old_ip, at)]).await
+}
+
+/// The `Synchronous` condition's status and reason.
+fn synchronous_condition(db: &MyDatabase) -> Option<(String, String)> {
+    let status = serde_json::to_value(&db.status).unwrap_or_default();
+    let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+    let condition = conditions.into_iter().find(|c| c["type"] == "Synchronous")?;
+    Some((condition["status"].as_str()?.to_string(), condition["reason"].as_str()?.to_string()))
+}
+
+#[tokio::test]
+async fn two_preferred_instances_write_on_alone_and_never_promote_a_replica_without_their_commits() -> anyhow::Result<()>
+{
+    let cluster = cluster_or_skip!();
+    let ns = common::real_namespace(&cluster, "real-db-preferred").await?;
+    let _operator = TestOperator::start(&cluster, &ns).await?;
+    let (db, pods, dbs) = ("preferred", ns.api::<Pod>(), ns.api::<MyDatabase>());
+    let mut object = database(db, 2)?;
+    object.spec.replication = ReplicationMode::Preferred;
+    let primary = create_from(&ns, object).await?;
+    let replica = if primary == "preferred-0" { "preferred-1" } else { "preferred-0" };
+    let preferred = |d: &MyDatabase| synchronous_condition(d) == Some(("True".into(), "Preferred".into()));
+    testkit::wait_for(&dbs, db, "Synchronous=True (Preferred)", DEFAULT_TIMEOUT, preferred).await?;
+    assert_eq!(sql_in(&ns, &primary, "SHOW synchronous_standby_names")?, format!("ANY 1 (\"{replica}\")"));
+    writes_flow(&ns, 0).await?;
+    // The replica stops receiving (its WAL receiver frozen; its server runs and answers): after the
+    // primary's sender times out and the wait passes, Keelson records it, then the primary writes alone.
+    let receiver = walreceiver_pid(&pods.get(replica).await?)?;
+    let frozen_at = now_ms();
+    signal(receiver, "-STOP")?;
+    let thawed = scopeguard(receiver);
+    // The record lands first (a patch of its own), the condition with the next status.
+    testkit::wait_for(&dbs, db, "status.asynchronous and Synchronous=False", DEFAULT_TIMEOUT, |d| {
+        d.status.as_ref().and_then(|s| s.asynchronous.as_ref()).is_some_and(|a| a.primary == primary)
+            && synchronous_condition(d) == Some(("False".into(), "StandbysNotStreaming".into()))
+    })
+    .await?;
+    let events = kubectl(&[
+        "-n",
+        &ns.name,
+        "get",
+        "events",
+        "--field-selector",
+        "reason=ReplicationAsynchronous",
+        "-o",
+        "name",
+    ])?;
+    assert!(!events.trim().is_empty(), "no ReplicationAsynchronous Event");
+    eventually(DEFAULT_TIMEOUT, "the primary to stop waiting", || async {
+        sql_in(&ns, &primary, "SHOW synchronous_standby_names").is_ok_and(|names| names.is_empty())
+    })
+    .await?;
+    writes_flow(&ns, now_ms()).await?;
+    // Until then commits waited (the primary's sender noticed, then Keelson's wait passed).
+    let logs = pods.logs("session", &LogParams::default()).await?;
+    let acked = acknowledged(&logs);
+    let waited = acked.windows(2).filter(|w| w[1].1 > frozen_at).map(|w| w[1].1.saturating_sub(w[0].1)).max();
+    eprintln!("commits waited {waited:?} ms for the frozen replica before the primary went on alone");
+    assert!(waited.is_some_and(|ms| ms >= 5_000), "commits did not wait for the standby: {waited:?} ms");
+    // The primary lost now: only it holds the newest commits. Its pod comes back with the role,
+    // and the replica (running, answering) is never promoted.
+    let first_ip = pod_ip(pods.get(&primary).await?);
+    let first_loss = now_ms();
+    pods.delete(&primary, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+    eventually(DEFAULT_TIMEOUT, "the primary's new pod to serve writes", || async {
+        let Ok(pod) = pods.get(&primary).await else { return false };
+        pod_ip(pod) != first_ip && sql_in(&ns, &primary, "SELECT pg_is_in_recovery()").is_ok_and(|r| r == "f")
+    })
+    .await?;
+    assert_eq!(primary_of(&dbs, db).await.as_deref(), Some(primary.as_str()), "the role stayed");
+    assert_eq!(sql_in(&ns, replica, "SELECT pg_is_in_recovery()")?, "t", "the replica was not promoted");
+    let status = dbs.get(db).await?.status.context("no status")?;
+    assert!(status.last_failover.is_none(), "a failover happened: {:?}", status.last_failover);
+    writes_flow(&ns, now_ms()).await?;
+    // The replica receives again: once it has everything, the record goes and commits wait for it.
+    drop(thawed);
+    let back = testkit::wait_for(&dbs, db, "synchronous again", DEFAULT_TIMEOUT, |d| {
+        preferred(d) && d.status.as_ref().is_some_and(|s| s.asynchronous.is_none())
+    })
+    .await?;
+    assert!(back.status.is_some_and(|s| s.last_failover.is_none()));
+    assert_eq!(sql_in(&ns, &primary, "SHOW synchronous_standby_names")?, format!("ANY 1 (\"{replica}\")"));
+    let events =
+        kubectl(&["-n", &ns.name, "get", "events", "--field-selector", "reason=ReplicationSynchronous", "-o", "name"])?;
+    assert!(!events.trim().is_empty(), "no ReplicationSynchronous Event");
+    // Now a failover may, and does, promote the replica, losing nothing.
+    writes_flow(&ns, now_ms()).await?;
+    let second_ip = pod_ip(pods.get(&primary).await?);
+    let second_loss = now_ms();
+    pods.delete(&primary, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+    eventually(DEFAULT_TIMEOUT, "the replica to be promoted", || async {
+        primary_of(&dbs, db).await.as_deref() == Some(replica)
+    })
+    .await?;
+    writes_flow(&ns, now_ms()).await?;
+    nothing_lost(&ns, db, &[(&first_ip, first_loss), (&second_ip, second_loss)]).await
 }
 
 #[tokio::test]

@@ -128,9 +128,12 @@ pub struct MyDatabaseSpec {
     /// replica has it (`ANY 1` of the others, by name), so a failover loses
     /// nothing a client saw committed. With three or more instances one
     /// replica down does not stop writes; with two, writes wait while the
-    /// replica is down (durability required). Asynchronous: writes never wait
-    /// for a replica; a failover may lose the last commits. One instance
-    /// has nothing to wait for.
+    /// replica is down (durability required). Preferred: synchronous while a
+    /// standby streams; when none has for 5 s, Keelson records
+    /// `status.asynchronous`, then the primary stops waiting, and a lost
+    /// primary is not failed over automatically until a standby has caught up
+    /// again. Asynchronous: writes never wait for a replica; a failover may
+    /// lose the last commits. One instance has nothing to wait for.
     #[serde(default)]
     pub replication: ReplicationMode,
 
@@ -244,6 +247,7 @@ pub struct TlsSpec {
 pub enum ReplicationMode {
     #[default]
     Synchronous,
+    Preferred,
     Asynchronous,
 }
 
@@ -395,6 +399,13 @@ pub struct MyDatabaseStatus {
     /// follow the primary any other way), with an Event `ReplicaRebuilt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_replica_rebuild: Option<ReplicaRebuild>,
+    /// Set while the primary acknowledges commits no standby has confirmed
+    /// (`replication: Preferred`, no standby streaming). Written before the
+    /// primary stops waiting; removed once a standby has every commit again.
+    /// While set, a lost primary is not failed over automatically: it alone
+    /// holds the newest commits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asynchronous: Option<AsynchronousPeriod>,
     /// Each instance: its role, readiness and replication lag, from its pod.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instance_statuses: Vec<InstanceStatus>,
@@ -422,6 +433,16 @@ pub struct BackupRecord {
     pub size_bytes: i64,
     /// Read back completely when it was taken.
     pub verified: bool,
+}
+
+/// A time in which a primary acknowledged commits without a standby's confirmation.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AsynchronousPeriod {
+    /// The primary that stopped waiting for standbys.
+    pub primary: String,
+    /// When Keelson let it stop waiting.
+    pub since: Time,
 }
 
 /// A replica cloned afresh over its older data.

@@ -27,20 +27,6 @@ use kube::ResourceExt;
 use super::instances;
 use super::names;
 use crate::api::instance::{InstanceReport, LEASE_EXPIRES_AFTER, Role};
-use crate::api::mydatabase::{MyDatabase, ReplicationMode};
-
-/// The standbys `primary` names for synchronous replication (`ANY 1` of
-/// them confirms each commit): every other instance, by name. Empty when the
-/// spec asks for asynchronous replication, or for one instance. Two
-/// instances are synchronous too (durability required): the replica must
-/// confirm each commit, and writes wait while it is down.
-pub fn synchronous_standbys(db: &MyDatabase, primary: &str) -> Vec<String> {
-    if db.spec.replication != ReplicationMode::Synchronous || db.spec.replicas < 2 {
-        return Vec::new();
-    }
-    let statefulset = names::statefulset(db);
-    (0..db.spec.replicas).map(|ordinal| format!("{statefulset}-{ordinal}")).filter(|name| name != primary).collect()
-}
 
 /// A WAL position (`X/Y` in hex) as a number.
 pub fn parse_lsn(lsn: &str) -> Option<u64> {
@@ -199,6 +185,10 @@ pub struct Situation<'a> {
     /// last acknowledged commit, so each must give a final position, even one
     /// that is down now (it answers once it runs again), unless forced.
     pub standbys: &'a [String],
+    /// The lost primary acknowledged commits no standby confirmed
+    /// (`status.asynchronous`): it alone may hold them, so it keeps the role
+    /// (its pod replaced, cut off) or is waited for, unless forced.
+    pub asynchronous: bool,
     /// No primary was ever recorded for this MyDatabase, but volumes from
     /// before it hold data (it was re-created over Retained volumes): the
     /// most advanced of them becomes the primary, as in a failover, and each
@@ -220,6 +210,7 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
         lease_expired,
         now,
         standbys,
+        asynchronous,
         bootstrap,
     } = *situation;
     let current = pods.iter().find(|p| p.name_any() == primary);
@@ -243,6 +234,18 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
         }
         return Decision::Keep(primary.to_string());
     };
+    if asynchronous && stepping_down.is_none() && !bootstrap && !forced {
+        // Its pod is here and runs (replaced, or its lease expired): the role stays with its data.
+        if current.is_some_and(|p| p.metadata.deletion_timestamp.is_none()) && lost(current, now).is_none() {
+            return Decision::Keep(primary.to_string());
+        }
+        return Decision::Blocked {
+            lost: primary.to_string(),
+            why,
+            waiting_for: vec![primary.to_string()],
+            ask: vec![],
+        };
+    }
     let candidates = candidates(primary, pods);
     // Electing, nobody runs before it is asked (and held): ask rather than give up.
     if candidates.is_empty() && !bootstrap {
@@ -620,6 +623,36 @@ pub(crate) mod tests {
             decide("db-0", &pods, &expired),
             Decision::AskPositions { ref why, .. } if why.starts_with("its lease was not renewed")
         ));
+    }
+
+    #[test]
+    fn a_primary_that_acknowledged_alone_keeps_its_role_or_is_waited_for_unless_forced() {
+        let asynchronous = Situation { asynchronous: true, ..Default::default() };
+        // Its pod replaced (no label yet) or its lease expired: its data takes the role again.
+        let pods = [pod("db-0", Role::Primary, "0/500", None), pod("db-1", Role::Replica, "0/400", None)];
+        assert_eq!(decide("db-0", &pods, &asynchronous), Decision::Keep("db-0".into()));
+        let labelled_pods =
+            [labelled(pod("db-0", Role::Primary, "0/500", None), "primary"), pod("db-1", Role::Replica, "0/400", None)];
+        let expired = Situation { lease_expired: true, ..asynchronous };
+        assert_eq!(decide("db-0", &labelled_pods, &expired), Decision::Keep("db-0".into()));
+        // Gone, or its PostgreSQL stopped: wait for it; no replica is asked or held.
+        let blocked = decide("db-0", &pods[1..], &asynchronous);
+        assert_eq!(
+            blocked,
+            Decision::Blocked {
+                lost: "db-0".into(),
+                why: "its pod is gone".into(),
+                waiting_for: vec!["db-0".into()],
+                ask: vec![]
+            }
+        );
+        // A switchover hands everything over first (a clean shutdown): not blocked.
+        let stepping = Situation { stepping_down: Some("switchover"), ..asynchronous };
+        assert!(matches!(decide("db-0", &labelled_pods, &stepping), Decision::AskPositions { .. }));
+        // Forced: the best replica, once it answered and the wait passed.
+        let forced = Situation { forced: true, asked: Some("t1"), waited_enough: true, ..asynchronous };
+        let answered = [pod("db-1", Role::Replica, "0/400", Some("t1"))];
+        assert!(matches!(decide("db-0", &answered, &forced), Decision::Promote(ref p) if p.to == "db-1"));
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod secret_data;
 pub mod services;
 pub mod statefulset;
 pub mod status;
+pub mod synchronous;
 pub mod tls;
 pub mod upgrade;
 pub mod validation;

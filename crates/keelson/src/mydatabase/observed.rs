@@ -57,6 +57,10 @@ pub struct Observed {
     pub replica_rebuild: Option<crate::api::mydatabase::ReplicaRebuild>,
     /// Why a failover may not promote anyone yet (set by apply).
     pub failover_blocked: Option<String>,
+    /// `status.asynchronous` as it stands (set by apply; else as status has it).
+    pub asynchronous: Option<crate::api::mydatabase::AsynchronousPeriod>,
+    /// When to look at the primary's standbys again (set by apply).
+    pub synchronous_recheck: Option<std::time::Duration>,
     /// When the primary's lease expires unless renewed (set by apply).
     pub lease_expires_in: Option<std::time::Duration>,
     /// The backup request whose Job exists (set by apply).
@@ -140,6 +144,8 @@ pub async fn read(db: &MyDatabase, caches: &Caches, client: &Client) -> Result<O
         failover_pending: false,
         failover: None,
         failover_blocked: None,
+        asynchronous: db.status.as_ref().and_then(|s| s.asynchronous.clone()),
+        synchronous_recheck: None,
         replica_rebuild: None,
         lease_expires_in: None,
         restart_pending: None,

@@ -27,7 +27,7 @@ use super::upgrade::{self, Template};
 use super::watches::Caches;
 use super::{
     backup, credentials, deletion, drain, instances, names, network_policy, pdb, scripts, services, statefulset,
-    status, tls, validation,
+    status, synchronous, tls, validation,
 };
 use crate::Result;
 use crate::api::instance::{
@@ -35,8 +35,8 @@ use crate::api::instance::{
     UPSTREAM, UPSTREAM_SSLMODE,
 };
 use crate::api::mydatabase::{
-    BACKUP_REQUEST_ANNOTATION, FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase, MyDatabaseStatus,
-    SWITCHOVER_ANNOTATION, is_fenced,
+    AsynchronousPeriod, BACKUP_REQUEST_ANNOTATION, FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase,
+    MyDatabaseStatus, SWITCHOVER_ANNOTATION, is_fenced,
 };
 use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler, Settings};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -71,6 +71,11 @@ pub struct PrimaryState {
     lease_seen: Option<(String, String, Instant)>,
     /// The replicas seen streaming from the chosen primary (its reports), for the quorum.
     streamed: std::collections::BTreeSet<String>,
+    /// `status.asynchronous` as this process last decided it (None: not yet; then status says).
+    asynchronous: Option<Option<AsynchronousPeriod>>,
+    /// What `synchronous::step` saw of the primary's standbys, and when to look again.
+    synchronous: synchronous::Watch,
+    synchronous_recheck: Option<Duration>,
 }
 
 /// A failover or switchover waiting for the replicas' positions.
@@ -355,7 +360,9 @@ impl Reconciler for MyDatabaseReconciler {
         let lease_expires_in = self
             .lease_unrenewed(db, &primary, &observed.pods)
             .map(|unrenewed| LEASE_EXPIRES_AFTER.saturating_sub(unrenewed));
-        let PrimaryState { last: failover, blocked: failover_blocked, chosen, chosen_uid, .. } = self.state(db);
+        let PrimaryState { last: failover, blocked: failover_blocked, chosen, chosen_uid, synchronous_recheck, .. } =
+            self.state(db);
+        let asynchronous = self.asynchronous(db);
         Observed {
             credentials,
             replication,
@@ -372,6 +379,8 @@ impl Reconciler for MyDatabaseReconciler {
             failover_pending,
             failover,
             failover_blocked,
+            asynchronous,
+            synchronous_recheck,
             replica_rebuild,
             lease_expires_in,
             restart_pending,
@@ -398,7 +407,7 @@ impl Reconciler for MyDatabaseReconciler {
                 Err(_) => USER_CERTIFICATE_WAIT,
             });
         let pending = observed.failover_pending.then_some(Duration::from_millis(250));
-        pending.into_iter().chain(lease).chain(renewal).chain(user_tls).min()
+        pending.into_iter().chain(lease).chain(renewal).chain(user_tls).chain(observed.synchronous_recheck).min()
     }
 
     fn current_status(db: &MyDatabase) -> Option<&MyDatabaseStatus> {
@@ -577,7 +586,7 @@ impl MyDatabaseReconciler {
         };
         let standbys = match bootstrap {
             true => retained,
-            false => failover::synchronous_standbys(db, &recorded).into_iter().filter(confirmed).collect(),
+            false => synchronous::standbys(db, &recorded).into_iter().filter(confirmed).collect(),
         };
         let situation = failover::Situation {
             asked: pending.map(|p| p.token.as_str()),
@@ -589,6 +598,7 @@ impl MyDatabaseReconciler {
             lease_expired: lease_unrenewed.is_some_and(|unrenewed| unrenewed >= LEASE_EXPIRES_AFTER),
             now: Some(k8s_openapi::jiff::Timestamp::now()),
             standbys: &standbys,
+            asynchronous: self.asynchronous(db).is_some_and(|period| period.primary == recorded),
             bootstrap,
         };
         match failover::decide(&recorded, &observed.pods, &situation) {
@@ -619,7 +629,8 @@ impl MyDatabaseReconciler {
                         record.serving_at = Some(crate::runtime::status::now());
                     }
                 });
-                label_pods(db, &observed.pods, &primary, applier).await;
+                let asynchronous = self.durability(db, &primary, observed).await;
+                label_pods(db, &observed.pods, &primary, asynchronous.as_ref(), applier).await;
                 if forced {
                     // Nothing is blocked: an override left standing would apply to some later failover.
                     forget_annotation(db, FORCE_FAILOVER_ANNOTATION, applier).await;
@@ -689,13 +700,29 @@ impl MyDatabaseReconciler {
                 if let Some(token) = pending.map(|p| p.token.clone()) {
                     resend(&observed.pods, &ask, &token, true, applier).await;
                 }
-                let note = format!(
-                    "primary {lost} lost ({why}); no replica promoted: {} may hold the last acknowledged commits and \
-                     gave no final position. It is promoted once they answer; annotate the MyDatabase \
-                     {FORCE_FAILOVER_ANNOTATION}=true to promote the best of the others, accepting that those commits \
-                     may be lost",
-                    waiting_for.join(", ")
-                );
+                let note = match waiting_for == [lost.clone()] {
+                    // status.asynchronous: the lost primary itself is waited for.
+                    true => format!(
+                        "primary {lost} lost ({why}); no replica promoted: {lost} acknowledged commits no standby \
+                         confirmed (replication Preferred, status.asynchronous), so only it holds them. It takes the \
+                         role again once its pod runs; annotate the MyDatabase {FORCE_FAILOVER_ANNOTATION}=true to \
+                         promote the best replica, accepting that those commits are lost"
+                    ),
+                    false => format!(
+                        "primary {lost} lost ({why}); no replica promoted: {} may hold the last acknowledged commits \
+                         and gave no final position. It is promoted once they answer; annotate the MyDatabase \
+                         {FORCE_FAILOVER_ANNOTATION}=true to promote the best of the others, accepting that those \
+                         commits may be lost",
+                        waiting_for.join(", ")
+                    ),
+                };
+                if pending.is_none() {
+                    // Nobody to ask (the lost primary itself is waited for): the failover's record, for its Event once.
+                    let pending = ask_positions(&lost, &why, &[], None, applier).await;
+                    self.update_state(db, |state| state.pending = Some(pending));
+                }
+                let pending = self.state(db).pending;
+                let pending = pending.as_ref();
                 if !pending.is_some_and(|p| p.blocked_told) {
                     tracing::warn!(namespace, name, primary = lost, waiting_for = ?waiting_for, "failover blocked");
                     self.ctx
@@ -751,7 +778,7 @@ impl MyDatabaseReconciler {
                     return (recorded, true);
                 }
                 tracing::warn!(namespace, name, from = promotion.from, to = promotion.to, "{note}");
-                label_pods(db, &observed.pods, &promotion.to, applier).await;
+                label_pods(db, &observed.pods, &promotion.to, None, applier).await;
                 self.ctx.event(&db.object_ref(&()), event_type, kind, "Promote", note).await;
                 if switchover.is_some_and(|s| s.requested) {
                     forget_switchover_request(db, applier).await;
@@ -796,7 +823,7 @@ impl MyDatabaseReconciler {
                     state.pending = None;
                     state.blocked = None;
                 });
-                label_pods(db, &observed.pods, &lost, applier).await;
+                label_pods(db, &observed.pods, &lost, self.asynchronous(db).as_ref(), applier).await;
                 (lost, false)
             }
         }
@@ -814,12 +841,20 @@ impl MyDatabaseReconciler {
         applier: &Applier<'_>,
     ) -> bool {
         let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        // The primary acknowledged commits alone: no move until a standby has them too.
+        let alone = self.asynchronous(db).filter(|period| period.primary == primary).map(|period| {
+            format!(
+                "{primary} acknowledged commits no standby confirmed (status.asynchronous since {}); a switchover \
+                 waits until a standby has caught up",
+                period.since.0
+            )
+        });
         if let Some(target) = db.annotations().get(SWITCHOVER_ANNOTATION) {
             let why = format!("switchover to {target} requested");
-            let standbys = failover::synchronous_standbys(db, primary);
+            let standbys = synchronous::standbys(db, primary);
             let refusal = match [primary, target.as_str()].into_iter().find(|p| is_fenced(db.annotations(), p)) {
                 Some(fenced) => Some(format!("{fenced} is fenced for maintenance; unfence it first")),
-                None => failover::switchover_refusal(target, primary, &observed.pods, &standbys),
+                None => failover::switchover_refusal(target, primary, &observed.pods, &standbys).or(alone.clone()),
             };
             match refusal {
                 None => return self.switch_over(db, observed, primary, target, why, true, applier).await,
@@ -846,7 +881,11 @@ impl MyDatabaseReconciler {
         let instances = db.spec.replicas.max(0) as u32;
         let cordoned = &self.caches.cordoned;
         if let Some(why) = drain::handover_reason(instances, primary, &observed.pods, cordoned) {
-            let standbys = failover::synchronous_standbys(db, primary);
+            if let Some(alone) = alone {
+                applier.wait(format!("a standby to catch up before handing the primary over ({why}): {alone}"));
+                return false;
+            }
+            let standbys = synchronous::standbys(db, primary);
             match drain::successor(instances, primary, &observed.pods, cordoned, &standbys) {
                 Some(to) => return self.switch_over(db, observed, primary, &to, why, false, applier).await,
                 None => {
@@ -869,6 +908,13 @@ impl MyDatabaseReconciler {
                 if applier.delete::<Pod>(&pod, &DeleteParams::default()).await {
                     self.ctx.event(&db.object_ref(&()), EventType::Normal, "RollingUpdate", "Replace", note).await;
                 }
+                false
+            }
+            Step::SwitchoverTo(_) if alone.is_some() => {
+                applier.wait(format!(
+                    "a standby to catch up before the primary's pod is replaced: {}",
+                    alone.unwrap_or_default()
+                ));
                 false
             }
             Step::SwitchoverTo(target) => {
@@ -901,7 +947,7 @@ impl MyDatabaseReconciler {
         // Every replica the promotion will wait for, streaming or not (one not asked would cost the whole wait).
         let mut replicas: Vec<String> =
             failover::candidates(primary, &observed.pods).iter().map(|p| p.name_any()).collect();
-        for standby in failover::synchronous_standbys(db, primary) {
+        for standby in synchronous::standbys(db, primary) {
             if !replicas.contains(&standby) && observed.pods.iter().any(|p| p.name_any() == standby) {
                 replicas.push(standby);
             }
@@ -920,19 +966,95 @@ impl MyDatabaseReconciler {
     /// reading the MyDatabase, goes by. False when the write failed (the
     /// promotion waits for the next pass).
     async fn record_primary(&self, db: &MyDatabase, primary: &str, uid: Option<&str>) -> bool {
+        let patch = json!({"status": {"currentPrimary": primary, "currentPrimaryUid": uid}});
+        self.patch_status(db, &patch).await
+    }
+
+    /// A record on the MyDatabase's status that must land before anyone acts
+    /// on it (a merge patch of those fields alone). False when it failed.
+    async fn patch_status(&self, db: &MyDatabase, patch: &serde_json::Value) -> bool {
         let api: kube::Api<MyDatabase> =
             kube::Api::namespaced(self.ctx.client.clone(), &db.namespace().unwrap_or_default());
-        let patch = json!({"status": {"currentPrimary": primary, "currentPrimaryUid": uid}});
-        let result = api
-            .patch_status(&db.name_any(), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
-            .await;
+        let result =
+            api.patch_status(&db.name_any(), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch)).await;
         let labels = crate::runtime::metrics::ControllerLabels { controller: CONTROLLER };
         self.ctx.metrics.status_writes.get_or_create(&labels).inc();
         if let Err(error) = result {
-            tracing::warn!(namespace = %db.namespace().unwrap_or_default(), name = %db.name_any(), primary, %error, "could not record the new primary; the promotion waits");
+            tracing::warn!(namespace = %db.namespace().unwrap_or_default(), name = %db.name_any(), %patch, %error, "could not record on status; acting on it waits");
             return false;
         }
         true
+    }
+}
+
+impl MyDatabaseReconciler {
+    /// `status.asynchronous` as it stands: this process's last decision, else status.
+    fn asynchronous(&self, db: &MyDatabase) -> Option<AsynchronousPeriod> {
+        match self.state(db).asynchronous {
+            Some(decided) => decided,
+            None => db.status.as_ref().and_then(|s| s.asynchronous.clone()),
+        }
+    }
+
+    /// With `replication: Preferred`, lets the serving `primary` stop waiting
+    /// for standbys once none has streamed for a while, after recording
+    /// `status.asynchronous` (a failover reads it), and removes the record once
+    /// a standby has caught up (see `synchronous`). Returns the record in force.
+    async fn durability(&self, db: &MyDatabase, primary: &str, observed: &Observed) -> Option<AsynchronousPeriod> {
+        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        let recorded = self.asynchronous(db);
+        let report = observed.pods.iter().find(|p| p.name_any() == primary).and_then(instances::report);
+        let mut watch = self.state(db).synchronous;
+        let (change, again) =
+            synchronous::step(db, primary, recorded.as_ref(), report.as_ref(), &mut watch, Instant::now());
+        let recorded = match change {
+            synchronous::Change::Nothing => recorded,
+            synchronous::Change::StopWaiting => {
+                let period = AsynchronousPeriod { primary: primary.to_string(), since: crate::runtime::status::now() };
+                let patch = json!({"status": {"asynchronous": period}});
+                match self.patch_status(db, &patch).await {
+                    true => {
+                        let note = format!(
+                            "no standby has streamed from {primary} for {}s: it acknowledges commits alone until one \
+                             has caught up (replication Preferred); a lost primary is not failed over meanwhile",
+                            synchronous::PREFERRED_WAIT.as_secs()
+                        );
+                        tracing::warn!(namespace, name, primary, "{note}");
+                        self.ctx
+                            .event(
+                                &db.object_ref(&()),
+                                EventType::Warning,
+                                "ReplicationAsynchronous",
+                                "Replicate",
+                                note,
+                            )
+                            .await;
+                        Some(period)
+                    }
+                    false => recorded,
+                }
+            }
+            synchronous::Change::Confirmed => {
+                if let Some(period) = &recorded {
+                    let note = format!(
+                        "a standby of {primary} has every commit again: synchronous, failover automatic (asynchronous \
+                         since {})",
+                        period.since.0
+                    );
+                    tracing::info!(namespace, name, primary, "{note}");
+                    self.ctx
+                        .event(&db.object_ref(&()), EventType::Normal, "ReplicationSynchronous", "Replicate", note)
+                        .await;
+                }
+                None
+            }
+        };
+        self.update_state(db, |state| {
+            state.synchronous = watch;
+            state.synchronous_recheck = again;
+            state.asynchronous = Some(recorded.clone());
+        });
+        recorded
     }
 }
 
@@ -1041,24 +1163,18 @@ async fn forget_annotation(db: &MyDatabase, annotation: &str, applier: &Applier<
     applier.merge_patch::<MyDatabase>(&db.name_any(), &patch, "annotation-done").await;
 }
 
-/// `synchronous_standby_names` for `pod` when it is the primary: ANY 1 of
-/// `failover::synchronous_standbys`. Named, not `*`: a pg_basebackup or
-/// backup stream must never count as the standby that confirmed a commit.
-pub fn synchronous_standby_names(db: &MyDatabase, pod: &str) -> String {
-    let standbys = failover::synchronous_standbys(db, pod);
-    if standbys.is_empty() {
-        return String::new();
-    }
-    let quoted: Vec<String> = standbys.iter().map(|name| format!("\"{name}\"")).collect();
-    format!("ANY 1 ({})", quoted.join(", "))
-}
-
 /// Puts each pod's role label (which `-rw` and `-ro` select, and which its
 /// instance manager hands to PostgreSQL), synchronous standbys and upstream
 /// (the primary's pod address) in place, and lifts a failover's hold in the
 /// same write as the new upstream. A pod that loses the primary role is
 /// relabelled first: it leaves `-rw` before another pod is announced there.
-async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Applier<'_>) {
+async fn label_pods(
+    db: &MyDatabase,
+    pods: &[Pod],
+    primary: &str,
+    asynchronous: Option<&AsynchronousPeriod>,
+    applier: &Applier<'_>,
+) {
     let wanted = |pod: &Pod| if pod.name_any() == primary { services::PRIMARY } else { services::REPLICA };
     let primary_pod = pods.iter().find(|p| p.name_any() == primary);
     let upstream = primary_pod.and_then(|p| p.status.as_ref()?.pod_ip.clone());
@@ -1076,7 +1192,7 @@ async fn label_pods(db: &MyDatabase, pods: &[Pod], primary: &str, applier: &Appl
         // Nothing further until the pod losing the role has lost it and the new primary has it:
         // else `-rw` could select two pods.
         let must_land = role == services::PRIMARY || stepping_down(pod);
-        let Some(patch) = role_patch(db, pod, role, upstream.as_deref(), sslmode) else { continue };
+        let Some(patch) = role_patch(db, pod, role, upstream.as_deref(), sslmode, asynchronous) else { continue };
         if applier.merge_patch::<Pod>(&pod.name_any(), &patch, "label").await {
             tracing::info!(namespace = ?pod.namespace(), pod = %pod.name_any(), role, "labelled pod role");
         } else if must_land {
@@ -1113,8 +1229,10 @@ fn role_patch(
     role: &str,
     upstream: Option<&str>,
     sslmode: &str,
+    asynchronous: Option<&AsynchronousPeriod>,
 ) -> Option<serde_json::Value> {
-    let synchronous = synchronous_standby_names(db, &pod.name_any());
+    let streaming = synchronous::streaming(instances::report(pod).as_ref());
+    let synchronous = synchronous::standby_names(db, &pod.name_any(), asynchronous, &streaming);
     let annotations = pod.annotations();
     let (wanted_upstream, lift_hold) = match role {
         services::PRIMARY => (None, true),
@@ -1164,7 +1282,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::api::mydatabase::{DeletionPolicy, ReplicationMode};
+    use crate::api::mydatabase::DeletionPolicy;
     use crate::mydatabase::credentials::Passwords;
     use crate::mydatabase::tests::sample;
     use crate::runtime::drift::stamp_desired_hash;
@@ -1296,13 +1414,13 @@ mod tests {
             [
                 (HOLD_STREAMING.to_string(), "t1".to_string()),
                 (UPSTREAM.to_string(), "10.0.0.1".to_string()),
-                (SYNCHRONOUS_STANDBYS.to_string(), synchronous_standby_names(&db, "production-db-1")),
+                (SYNCHRONOUS_STANDBYS.to_string(), synchronous::standby_names(&db, "production-db-1", None, &[])),
             ]
             .into(),
         );
         // The new primary has no address yet: the hold stays, the old address too.
-        assert_eq!(role_patch(&db, &held, services::REPLICA, None, "verify-ca"), None);
-        let patch = role_patch(&db, &held, services::REPLICA, Some("10.0.0.2"), "verify-ca").expect("a patch");
+        assert_eq!(role_patch(&db, &held, services::REPLICA, None, "verify-ca", None), None);
+        let patch = role_patch(&db, &held, services::REPLICA, Some("10.0.0.2"), "verify-ca", None).expect("a patch");
         let annotations = &patch["metadata"]["annotations"];
         assert_eq!(
             (annotations[HOLD_STREAMING].clone(), annotations[UPSTREAM].clone(), annotations[UPSTREAM_SSLMODE].clone()),
@@ -1310,7 +1428,7 @@ mod tests {
         );
         assert!(annotations.as_object().is_some_and(|a| a.contains_key(HOLD_STREAMING)), "the hold is removed");
         // Chosen as the primary: no upstream, no hold.
-        let patch = role_patch(&db, &held, services::PRIMARY, Some("10.0.0.2"), "verify-ca").expect("a patch");
+        let patch = role_patch(&db, &held, services::PRIMARY, Some("10.0.0.2"), "verify-ca", None).expect("a patch");
         assert_eq!(patch["metadata"]["labels"][names::ROLE_LABEL], json!("primary"));
         assert_eq!(patch["metadata"]["annotations"][UPSTREAM], Value::Null);
     }
@@ -1336,22 +1454,6 @@ mod tests {
         let patch = fence_patch(&db, &pod).expect("the order goes");
         let annotations = patch["metadata"]["annotations"].as_object().cloned().unwrap_or_default();
         assert_eq!(annotations.get(FENCE), Some(&Value::Null), "removed by the merge patch");
-    }
-
-    #[test]
-    fn synchronous_standbys_are_the_other_instances_by_name() {
-        let mut db = sample();
-        assert_eq!(
-            synchronous_standby_names(&db, "production-db-1"),
-            r#"ANY 1 ("production-db-0", "production-db-2")"#
-        );
-        db.spec.replication = ReplicationMode::Asynchronous;
-        assert_eq!(synchronous_standby_names(&db, "production-db-1"), "");
-        db.spec.replication = ReplicationMode::Synchronous;
-        db.spec.replicas = 2;
-        assert_eq!(synchronous_standby_names(&db, "production-db-0"), r#"ANY 1 ("production-db-1")"#, "two: required");
-        db.spec.replicas = 1;
-        assert_eq!(synchronous_standby_names(&db, "production-db-0"), "", "one instance: nothing to wait for");
     }
 
     /// The StatefulSet of `db` as the cache holds it, and `pods` (named, with

@@ -13,7 +13,8 @@ use super::statefulset::TemplateChange;
 use super::upgrade::Managers;
 use crate::api::conditions::{DesiredCondition, merge_conditions};
 use crate::api::mydatabase::{
-    BackupRecord, DatabasePhase, FENCED_INSTANCES_ANNOTATION, MyDatabase, MyDatabaseStatus, fenced_instances, is_fenced,
+    BackupRecord, DatabasePhase, FENCED_INSTANCES_ANNOTATION, MyDatabase, MyDatabaseStatus, ReplicationMode,
+    fenced_instances, is_fenced,
 };
 use crate::runtime::jobs::job_finished;
 use crate::runtime::{Outcome, pods};
@@ -280,6 +281,7 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
         )),
         TemplateChange::Migrate { .. } | TemplateChange::None => {}
     }
+    conditions.push(synchronous_condition(db, observed));
     if let Some(blocked) = &observed.failover_blocked {
         conditions.push(DesiredCondition::new("FailoverBlocked", true, "QuorumNotReached", blocked.clone()));
     }
@@ -362,6 +364,7 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
         },
         server_version: topology.server_version,
         instance_statuses: topology.instances,
+        asynchronous: observed.asynchronous.clone(),
         last_failover: observed.failover.clone().or_else(|| previous.and_then(|s| s.last_failover.clone())),
         last_replica_rebuild: observed
             .replica_rebuild
@@ -370,6 +373,40 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
         credentials_secret: Some(names::credentials(db)),
         observed_generation: db.metadata.generation,
         conditions: merge_conditions(previous_conditions, &conditions, db.metadata.generation, now),
+    }
+}
+
+/// How commits wait for standbys now: the durability a client gets.
+fn synchronous_condition(db: &MyDatabase, observed: &Observed) -> DesiredCondition {
+    let primary = observed.primary.clone().unwrap_or_else(|| format!("{}-0", names::statefulset(db)));
+    let standbys = super::synchronous::standbys(db, &primary);
+    let condition = |status, reason, message: String| DesiredCondition::new("Synchronous", status, reason, message);
+    if let Some(period) = &observed.asynchronous {
+        return condition(
+            false,
+            "StandbysNotStreaming",
+            format!(
+                "since {} {} acknowledges commits no standby confirmed (replication Preferred): a lost primary is not \
+                 failed over automatically until a standby has caught up",
+                period.since.0, period.primary
+            ),
+        );
+    }
+    let each = format!("each commit waits for ANY 1 of {}", standbys.join(", "));
+    match db.spec.replication {
+        _ if db.spec.replicas < 2 => condition(false, "SingleInstance", "one instance: no standby confirms".into()),
+        ReplicationMode::Asynchronous => {
+            condition(false, "Asynchronous", "commits wait for no standby; a failover may lose the last ones".into())
+        }
+        ReplicationMode::Synchronous => condition(true, "Required", format!("{each}; writes wait while none streams")),
+        ReplicationMode::Preferred => condition(
+            true,
+            "Preferred",
+            format!(
+                "{each}; when none has streamed for {}s the primary acknowledges alone",
+                super::synchronous::PREFERRED_WAIT.as_secs()
+            ),
+        ),
     }
 }
 

@@ -77,6 +77,10 @@ pub fn problems(db: &MyDatabase, instances: &[InstanceView]) -> Vec<String> {
         })
         .map(|c| format!("{} ({}): {}", c.type_, c.reason, c.message))
         .collect();
+    // Synchronous=False is a choice (one instance, Asynchronous) except when standbys stopped confirming.
+    if let Some(c) = conditions.iter().find(|c| c.type_ == "Synchronous" && c.reason == "StandbysNotStreaming") {
+        out.push(format!("{} ({}): {}", c.type_, c.reason, c.message));
+    }
     for instance in instances {
         if !instance.ready {
             out.push(format!("{} is not ready", instance.name));
