@@ -187,8 +187,10 @@ pub struct Situation<'a> {
     pub standbys: &'a [String],
     /// The lost primary acknowledged commits no standby confirmed
     /// (`status.asynchronous`): it alone may hold them, so it keeps the role
-    /// (its pod replaced, cut off) or is waited for, unless forced.
+    /// (its pod replaced on its data, cut off) or is waited for, unless forced.
     pub asynchronous: bool,
+    /// The lost primary's data volume is older than that record: its pod, back, has those commits.
+    pub data_from_before: bool,
     /// No primary was ever recorded for this MyDatabase, but volumes from
     /// before it hold data (it was re-created over Retained volumes): the
     /// most advanced of them becomes the primary, as in a failover, and each
@@ -211,6 +213,7 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
         now,
         standbys,
         asynchronous,
+        data_from_before,
         bootstrap,
     } = *situation;
     let current = pods.iter().find(|p| p.name_any() == primary);
@@ -235,8 +238,10 @@ pub fn decide(primary: &str, pods: &[Pod], situation: &Situation) -> Decision {
         return Decision::Keep(primary.to_string());
     };
     if asynchronous && stepping_down.is_none() && !bootstrap && !forced {
-        // Its pod is here and runs (replaced, or its lease expired): the role stays with its data.
-        if current.is_some_and(|p| p.metadata.deletion_timestamp.is_none()) && lost(current, now).is_none() {
+        // Its pod is here on its data and runs (replaced, or its lease expired): the role stays.
+        // On a new volume it would start empty: wait (or be forced).
+        let here = current.is_some_and(|p| p.metadata.deletion_timestamp.is_none()) && lost(current, now).is_none();
+        if here && data_from_before {
             return Decision::Keep(primary.to_string());
         }
         return Decision::Blocked {
@@ -627,10 +632,15 @@ pub(crate) mod tests {
 
     #[test]
     fn a_primary_that_acknowledged_alone_keeps_its_role_or_is_waited_for_unless_forced() {
-        let asynchronous = Situation { asynchronous: true, ..Default::default() };
+        let asynchronous = Situation { asynchronous: true, data_from_before: true, ..Default::default() };
         // Its pod replaced (no label yet) or its lease expired: its data takes the role again.
         let pods = [pod("db-0", Role::Primary, "0/500", None), pod("db-1", Role::Replica, "0/400", None)];
         assert_eq!(decide("db-0", &pods, &asynchronous), Decision::Keep("db-0".into()));
+        // ... unless its volume is newer than the record (lost and made anew: it would start empty).
+        let new_volume = Situation { data_from_before: false, ..asynchronous };
+        assert!(
+            matches!(decide("db-0", &pods, &new_volume), Decision::Blocked { ref waiting_for, .. } if waiting_for == &["db-0"])
+        );
         let labelled_pods =
             [labelled(pod("db-0", Role::Primary, "0/500", None), "primary"), pod("db-1", Role::Replica, "0/400", None)];
         let expired = Situation { lease_expired: true, ..asynchronous };

@@ -36,7 +36,7 @@ use crate::api::instance::{
 };
 use crate::api::mydatabase::{
     AsynchronousPeriod, BACKUP_REQUEST_ANNOTATION, FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase,
-    MyDatabaseStatus, SWITCHOVER_ANNOTATION, is_fenced,
+    MyDatabaseStatus, ReplicationMode, SWITCHOVER_ANNOTATION, is_fenced,
 };
 use crate::runtime::{Applier, Context, Invalid, Outcome, Reconciler, Settings};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -76,6 +76,8 @@ pub struct PrimaryState {
     /// What `synchronous::step` saw of the primary's standbys, and when to look again.
     synchronous: synchronous::Watch,
     synchronous_recheck: Option<Duration>,
+    /// The Event of a failover blocked on the lost primary itself was sent.
+    told_alone: bool,
 }
 
 /// A failover or switchover waiting for the replicas' positions.
@@ -152,7 +154,11 @@ impl Reconciler for MyDatabaseReconciler {
     }
 
     async fn read(&self, db: &MyDatabase) -> Result<Observed> {
-        observed::read(db, &self.caches, &self.ctx.client).await
+        let mut observed = observed::read(db, &self.caches, &self.ctx.client).await?;
+        // This process's record outranks a cached MyDatabase from before its write (a status
+        // written without an apply, when paused or invalid, must not drop it).
+        observed.asynchronous = self.asynchronous(db);
+        Ok(observed)
     }
 
     fn validate(db: &MyDatabase, observed: &Observed) -> Result<(), Invalid> {
@@ -588,6 +594,10 @@ impl MyDatabaseReconciler {
             true => retained,
             false => synchronous::standbys(db, &recorded).into_iter().filter(confirmed).collect(),
         };
+        // The primary on record acknowledged commits alone (status.asynchronous), and still may.
+        let alone = self
+            .asynchronous(db)
+            .filter(|period| period.primary == recorded && db.spec.replication != ReplicationMode::Asynchronous);
         let situation = failover::Situation {
             asked: pending.map(|p| p.token.as_str()),
             stepping_down: switchover.map(|s| s.why.as_str()),
@@ -598,7 +608,8 @@ impl MyDatabaseReconciler {
             lease_expired: lease_unrenewed.is_some_and(|unrenewed| unrenewed >= LEASE_EXPIRES_AFTER),
             now: Some(k8s_openapi::jiff::Timestamp::now()),
             standbys: &standbys,
-            asynchronous: self.asynchronous(db).is_some_and(|period| period.primary == recorded),
+            asynchronous: alone.is_some(),
+            data_from_before: alone.as_ref().is_some_and(|period| data_older_than(observed, &recorded, &period.since)),
             bootstrap,
         };
         match failover::decide(&recorded, &observed.pods, &situation) {
@@ -621,6 +632,7 @@ impl MyDatabaseReconciler {
                     state.chosen = Some(primary.clone());
                     state.pending = None;
                     state.blocked = None;
+                    state.told_alone = false;
                     // The first report of the promoted instance taking writes ends the downtime.
                     if let Some(record) = state.last.as_mut().filter(|r| r.to == primary && r.serving_at.is_none())
                         && serving
@@ -716,22 +728,21 @@ impl MyDatabaseReconciler {
                         waiting_for.join(", ")
                     ),
                 };
-                if pending.is_none() {
-                    // Nobody to ask (the lost primary itself is waited for): the failover's record, for its Event once.
-                    let pending = ask_positions(&lost, &why, &[], None, applier).await;
-                    self.update_state(db, |state| state.pending = Some(pending));
-                }
-                let pending = self.state(db).pending;
-                let pending = pending.as_ref();
-                if !pending.is_some_and(|p| p.blocked_told) {
+                // Waiting for the lost primary itself asks nobody: no failover is under way (a forced one
+                // starts afresh, fencing and asking as any other).
+                let alone = waiting_for == [lost.clone()];
+                let told = match alone {
+                    true => state.told_alone,
+                    false => pending.is_some_and(|p| p.blocked_told),
+                };
+                if !told {
                     tracing::warn!(namespace, name, primary = lost, waiting_for = ?waiting_for, "failover blocked");
                     self.ctx
                         .event(&db.object_ref(&()), EventType::Warning, "FailoverBlocked", "Failover", note.clone())
                         .await;
-                    self.update_state(db, |state| {
-                        if let Some(pending) = state.pending.as_mut() {
-                            pending.blocked_told = true;
-                        }
+                    self.update_state(db, |state| match state.pending.as_mut() {
+                        Some(pending) if !alone => pending.blocked_told = true,
+                        _ => state.told_alone = alone,
                     });
                 }
                 self.update_state(db, |state| state.blocked = Some(note));
@@ -802,6 +813,10 @@ impl MyDatabaseReconciler {
                     state.chosen = Some(promotion.to.clone());
                     state.pending = None;
                     state.blocked = None;
+                    state.told_alone = false;
+                    // The new primary names its standbys: what the old one acknowledged alone is given up (forced).
+                    state.asynchronous = Some(None);
+                    state.synchronous = synchronous::Watch::default();
                     state.last = Some(record);
                     state.last_began = began;
                 });
@@ -1035,7 +1050,7 @@ impl MyDatabaseReconciler {
                 }
             }
             synchronous::Change::Confirmed => {
-                if let Some(period) = &recorded {
+                if let Some(period) = recorded.as_ref().filter(|period| period.primary == primary) {
                     let note = format!(
                         "a standby of {primary} has every commit again: synchronous, failover automatic (asynchronous \
                          since {})",
@@ -1056,6 +1071,17 @@ impl MyDatabaseReconciler {
         });
         recorded
     }
+}
+
+/// Whether `pod`'s data volume was made before `at`: a pod coming back on it has what the
+/// instance wrote then (a newer one, or none, is empty).
+fn data_older_than(observed: &Observed, pod: &str, at: &Time) -> bool {
+    let claim = format!("data-{pod}");
+    observed
+        .data_claims
+        .iter()
+        .filter(|c| c.name_any() == claim && c.metadata.deletion_timestamp.is_none())
+        .any(|c| c.metadata.creation_timestamp.as_ref().is_some_and(|created| created.0 < at.0))
 }
 
 /// The instances whose data volumes are older than `db` itself: it was
@@ -1282,7 +1308,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::api::mydatabase::DeletionPolicy;
+    use crate::api::mydatabase::{DeletionPolicy, ReplicationMode};
     use crate::mydatabase::credentials::Passwords;
     use crate::mydatabase::tests::sample;
     use crate::runtime::drift::stamp_desired_hash;
@@ -1532,6 +1558,58 @@ mod tests {
         pipeline::reconcile(Arc::new(db.clone()), reconciler.clone()).await.ok();
         assert_eq!(labelled_primary_at(&api, "production-db-1"), None);
         assert!(reconciler.state(&db).pending.is_some(), "the failover waits for its record");
+    }
+
+    #[tokio::test]
+    async fn preferred_records_going_on_alone_before_the_primary_is_told() {
+        use crate::mydatabase::failover::tests::{labelled, pod};
+        let mut db = held();
+        db.spec.replicas = 2;
+        db.spec.replication = ReplicationMode::Preferred;
+        // production-db-0 serves; no standby has streamed from it for longer than the wait.
+        let pods = vec![
+            labelled(pod("production-db-0", Role::Primary, "0/500", None), "primary"),
+            labelled(pod("production-db-1", Role::Replica, "0/400", None), "replica"),
+        ];
+        let alone = |reconciler: &MyDatabaseReconciler| {
+            reconciler.update_state(&db, |state| {
+                state.chosen = Some("production-db-0".into());
+                state.chosen_uid = Some("uid-production-db-0".into());
+                let since = Instant::now().checked_sub(synchronous::PREFERRED_WAIT * 2).unwrap_or_else(Instant::now);
+                state.synchronous = synchronous::Watch::alone_since(since);
+            })
+        };
+        let told = |api: &FakeApi, names: &str| {
+            api.requests().iter().position(|r| {
+                r.method == "PATCH"
+                    && r.path.ends_with("/pods/production-db-0")
+                    && r.body["metadata"]["annotations"][SYNCHRONOUS_STANDBYS] == names
+            })
+        };
+        let (api, client) = FakeApi::new(&db);
+        let first = reconciler(client, instances(&db, pods.clone()));
+        alone(&first);
+        pipeline::reconcile(Arc::new(db.clone()), first.clone()).await.expect("reconciles");
+        let recorded = api.requests().iter().position(|r| {
+            r.path.ends_with("/mydatabases/production-db/status")
+                && r.body["status"]["asynchronous"]["primary"] == "production-db-0"
+        });
+        let stopped_waiting = told(&api, "");
+        assert!(
+            recorded.is_some() && stopped_waiting.is_some() && recorded < stopped_waiting,
+            "recorded {recorded:?}, told {stopped_waiting:?}"
+        );
+        assert!(first.asynchronous(&db).is_some());
+
+        // The record refused: the primary keeps waiting for its standby.
+        let (api, client) = FakeApi::new(&db);
+        api.refuse("PATCH", "/mydatabases/production-db/status", 500, "InternalError", "etcd is away");
+        let reconciler = reconciler(client, instances(&db, pods));
+        alone(&reconciler);
+        pipeline::reconcile(Arc::new(db.clone()), reconciler.clone()).await.ok();
+        assert_eq!(told(&api, ""), None, "told to go on alone without the record");
+        assert!(told(&api, r#"ANY 1 ("production-db-1")"#).is_some(), "its standby stays named");
+        assert_eq!(reconciler.asynchronous(&db), None);
     }
 
     #[tokio::test]

@@ -25,6 +25,10 @@ pub const PREFERRED_WAIT: Duration = Duration::from_secs(5);
 /// the mark a standby must reach: a reload reaches the process that makes commits
 /// wait a moment after the session that reports it.
 const SETTLE: Duration = Duration::from_secs(2);
+/// A primary's report unchanged for this long means no WAL was written since its
+/// look: its manager sends changed positions at least this often (`POSITIONS_EVERY`
+/// in `instance`, 5 s, with room for the API server).
+const UNCHANGED: Duration = Duration::from_secs(8);
 
 /// The standbys `primary` names: every other instance, by name. Empty when
 /// the spec asks for asynchronous replication, or for one instance. Two
@@ -71,11 +75,20 @@ pub fn streaming(report: Option<&InstanceReport>) -> Vec<String> {
 pub struct Watch {
     /// Since when no named standby has streamed.
     alone_since: Option<Instant>,
-    /// When the primary was first seen waiting for its standbys again.
-    waiting_since: Option<Instant>,
+    /// When the primary was first seen waiting for its standbys again, and that
+    /// report's position (the mark must come from a later look).
+    waiting_since: Option<(Instant, u64)>,
     /// The primary's position once it waited again (after `SETTLE`): a standby
     /// past it holds every commit acknowledged without one.
     mark: Option<u64>,
+}
+
+#[cfg(test)]
+impl Watch {
+    /// No standby seen streaming since `at`.
+    pub fn alone_since(at: Instant) -> Self {
+        Watch { alone_since: Some(at), ..Default::default() }
+    }
 }
 
 /// What to record about the primary's durability.
@@ -135,15 +148,17 @@ pub fn step(
         watch.mark = None;
         return (Change::Nothing, None);
     }
-    let since = *watch.waiting_since.get_or_insert(now);
     let Some(position) = parse_lsn(&report.lsn) else { return (Change::Nothing, None) };
+    let (since, first) = *watch.waiting_since.get_or_insert((now, position));
     let Some(mark) = watch.mark else {
+        // A later look of the primary's, taken once the reload settled (another position), or
+        // the same look unchanged for so long that nothing was written since.
         let settled = now.saturating_duration_since(since);
-        if settled >= SETTLE {
+        if (settled >= SETTLE && position != first) || settled >= UNCHANGED {
             watch.mark = Some(position);
         }
         // Positions arrive every few seconds; look again then.
-        return (Change::Nothing, Some(SETTLE.saturating_sub(settled).max(Duration::from_secs(1))));
+        return (Change::Nothing, Some(Duration::from_secs(1)));
     };
     // A standby's replayed position, from the same look: behind what it flushed, so never too far.
     let caught_up = streaming
@@ -261,7 +276,9 @@ mod tests {
         let applied = primary_report("0/6000000", names, &[("db-1", "streaming", 0)]);
         let (change, _) = step(&db, "db-0", Some(&recorded), Some(&applied), &mut watch, start);
         assert_eq!(change, Change::Nothing, "the mark is taken only once the reload settled");
+        // The same look again, after the settle time: not a later look, no mark yet.
         let settled = start + SETTLE;
+        assert_eq!(step(&db, "db-0", Some(&recorded), Some(&applied), &mut watch, settled).0, Change::Nothing);
         let marked = primary_report("0/7000000", names, &[("db-1", "streaming", 0x200000)]);
         assert_eq!(step(&db, "db-0", Some(&recorded), Some(&marked), &mut watch, settled).0, Change::Nothing);
         // Replayed 0/7400000 - 0/600000 = 0/6E00000: short of the mark 0/7000000.
@@ -283,12 +300,15 @@ mod tests {
         step(&db, "db-0", Some(&recorded), Some(&applied), &mut watch, start + SETTLE);
         let gone = primary_report("0/6100000", "", &[]);
         step(&db, "db-0", Some(&recorded), Some(&gone), &mut watch, start + SETTLE);
-        // Back: a position past the old mark does not count until a new mark settles.
+        // Back: a position past the old mark does not count until a new mark settles. Nothing is
+        // written (the same look stays): the mark is taken once that has lasted long enough.
         let back = primary_report("0/8000000", names, &[("db-1", "streaming", 0)]);
         let at = start + SETTLE * 2;
         assert_eq!(step(&db, "db-0", Some(&recorded), Some(&back), &mut watch, at).0, Change::Nothing);
         assert_eq!(step(&db, "db-0", Some(&recorded), Some(&back), &mut watch, at + SETTLE).0, Change::Nothing);
-        assert_eq!(step(&db, "db-0", Some(&recorded), Some(&back), &mut watch, at + SETTLE).0, Change::Confirmed);
+        assert_eq!(step(&db, "db-0", Some(&recorded), Some(&back), &mut watch, at + SETTLE).0, Change::Nothing);
+        assert_eq!(step(&db, "db-0", Some(&recorded), Some(&back), &mut watch, at + UNCHANGED).0, Change::Nothing);
+        assert_eq!(step(&db, "db-0", Some(&recorded), Some(&back), &mut watch, at + UNCHANGED).0, Change::Confirmed);
     }
 
     #[test]
