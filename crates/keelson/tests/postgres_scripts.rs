@@ -439,6 +439,97 @@ fn a_holding_replica_stops_streaming_and_a_synchronous_primary_then_acknowledges
     Ok(())
 }
 
+/// A former primary rejoins a promoted replica whose control file does not name
+/// its new timeline yet (its checkpointer held, and the replication role may not
+/// ask for a checkpoint): `rejoin` does not take pg_rewind's "same timeline" for
+/// "nothing to rewind" (which would keep WAL the new primary never had), but
+/// waits, then clones afresh; the rejoined data is the new primary's.
+#[test]
+fn a_former_primary_never_rejoins_on_a_control_file_that_predates_the_promotion() -> anyhow::Result<()> {
+    if !postgres::available() {
+        return Ok(());
+    }
+    let scratch = Scratch::new("rejoin")?;
+    let script = script()?;
+    let (old, new) = primary_and_replica(&scratch, &script, "")?;
+    // Databases initialised before Keelson granted it cannot ask for a checkpoint either.
+    old.psql_superuser("postgres", "REVOKE pg_checkpoint FROM replicator")?;
+    let revoked = "SELECT NOT pg_has_role('replicator', 'pg_checkpoint', 'MEMBER')";
+    until("the revoke to reach the replica", &|| Ok(new.psql_superuser("postgres", revoked)? == "t"))?;
+    // The replica stops receiving; the old primary then commits what the new one never gets.
+    new.psql_superuser("postgres", "ALTER SYSTEM SET primary_conninfo = ''")?;
+    new.psql_superuser("postgres", "SELECT pg_reload_conf()")?;
+    until("the replica to stop receiving", &|| {
+        Ok(new.psql_superuser("postgres", "SELECT count(*) FROM pg_stat_wal_receiver")? == "0")
+    })?;
+    old.psql("app", APP_PASSWORD, "app", "INSERT INTO orders VALUES (7777, 'only-on-the-old-primary', 1)")?;
+    let old_data = old.data.clone();
+    drop(old);
+    // Promoted with its checkpointer held: its control file keeps naming the old timeline.
+    let checkpointer = child_process(&new, "checkpointer")?;
+    signal(checkpointer, "-STOP")?;
+    let resumed = Resume(checkpointer);
+    assert_eq!(new.psql_superuser("postgres", "SELECT pg_promote(true, 30)")?, "t");
+    new.psql("app", APP_PASSWORD, "app", "INSERT INTO orders VALUES (8888, 'new-timeline', 1)")?;
+
+    let mut env = base_env(&old_data);
+    env.extend([("PRIMARY_HOST", "127.0.0.1".to_string()), ("PRIMARY_PORT", new.port.to_string())]);
+    let rejoin = std::thread::spawn(move || run(&script, &["rejoin"], &env));
+    // Unable to judge, it clones afresh; a base backup needs the checkpointer.
+    let cloning =
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender' AND query LIKE 'BASE_BACKUP%'";
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while new.psql_superuser("postgres", cloning)? == "0" {
+        anyhow::ensure!(!rejoin.is_finished(), "rejoin ended without cloning (it trusted the stale control file)");
+        anyhow::ensure!(Instant::now() < deadline, "rejoin never cloned");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(resumed);
+    let output = rejoin.join().map_err(|_| anyhow::anyhow!("rejoin panicked"))??;
+    let said = String::from_utf8_lossy(&output.stderr).into_owned();
+    check(output, "rejoin")?;
+    assert!(said.contains("waiting for its checkpoint") && said.contains("cloning afresh"), "{said}");
+    let rejoined = Server::start(&old_data, &scratch.path)?;
+    until("the rejoined instance to have the new timeline's row", &|| {
+        Ok(rejoined.psql("app", APP_PASSWORD, "app", "SELECT count(*) FROM orders WHERE id = 8888")? == "1")
+    })?;
+    let diverged = rejoined.psql("app", APP_PASSWORD, "app", "SELECT count(*) FROM orders WHERE id = 7777")?;
+    assert_eq!(diverged, "0", "the rejoined instance kept a commit the new primary never had");
+    assert_eq!(fingerprint(&rejoined)?, fingerprint(&new)?);
+    Ok(())
+}
+
+/// The pid of `server`'s child process whose title names `what` (e.g. `checkpointer`).
+fn child_process(server: &Server, what: &str) -> anyhow::Result<u32> {
+    let pid_file = std::fs::read_to_string(server.data.join("postmaster.pid"))?;
+    let postmaster = pid_file.lines().next().unwrap_or_default().trim().to_string();
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let pid = entry.file_name().to_string_lossy().to_string();
+        let Ok(number) = pid.parse::<u32>() else { continue };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let parent = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).unwrap_or_default();
+        let title = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if parent == postmaster && String::from_utf8_lossy(&title).contains(what) {
+            return Ok(number);
+        }
+    }
+    anyhow::bail!("no {what} under postmaster {postmaster}")
+}
+
+fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("kill").args([signal, &pid.to_string()]).status()?;
+    anyhow::ensure!(status.success(), "kill {signal} {pid}: {status}");
+    Ok(())
+}
+
+/// Lets a stopped process go on when dropped (also when the test fails).
+struct Resume(u32);
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = signal(self.0, "-CONT");
+    }
+}
+
 /// The instance manager's one query (`keelson::instance::probe`) on a real
 /// primary and replica: roles, the version actually running, timeline, and
 /// the replica's lag as its primary counts it, by pod name.

@@ -315,11 +315,31 @@ rejoin() {
   # A login that fails (a password being rotated) must not pass for a rewind that cannot be done:
   # that would throw this data away and clone.
   wait_for_replication_login "$source"
-  PGPASSWORD="$(replication_password)" "$(bin psql)" -X -q -d "$source" -c CHECKPOINT 2>/dev/null \
-    || log "could not ask $upstream for a checkpoint"
-  write_replication_passfile
-  if output="$(PGPASSFILE="$(replication_passfile)" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
-      --write-recovery-conf 2>&1)"; then
+  # pg_rewind reads the source's timeline from its control file, which a promoted primary
+  # updates at its next checkpoint: until then data with WAL the new primary never had passes
+  # for "on the same timeline". The replication protocol tells the timeline at once; a rewind
+  # is judged only once the control file agrees (asked for a checkpoint), else cloned afresh.
+  local tries=0 ours theirs rewound
+  ours="$(local_timeline)"
+  while :; do
+    # Bounded: a primary that cannot checkpoint now must not hold the rejoin.
+    PGPASSFILE="$(replication_passfile)" PGOPTIONS='-c statement_timeout=10000' "$(bin psql)" -X -q -d "$source" \
+      -c CHECKPOINT 2>/dev/null || (( tries > 0 )) || log "could not ask $upstream for a checkpoint"
+    output="$(PGPASSFILE="$(replication_passfile)" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
+        --write-recovery-conf 2>&1)" && rewound=1 || rewound=0
+    theirs="$(source_timeline "$source")"
+    [[ "$rewound" == 1 && "$output" == *"on the same timeline"* && "$theirs" =~ ^[0-9]+$ && "$ours" =~ ^[0-9]+$ \
+      && "$theirs" -gt "$ours" ]] || break
+    if (( ++tries >= 30 )); then
+      sed 's/^/pg_rewind: /' <<<"$output" >&2
+      log "$upstream is on timeline $theirs, its control file still says $ours: no rewind can be judged; cloning afresh"
+      reclone "the primary's timeline could not be compared (its control file lagged)"
+      return
+    fi
+    (( tries == 1 )) && log "$upstream is on timeline $theirs, its control file not yet: waiting for its checkpoint"
+    sleep 1
+  done
+  if [[ "$rewound" == 1 ]]; then
     sed 's/^/pg_rewind: /' <<<"$output" >&2
     if [[ "$stalled" == 1 && "$output" == *"no rewind required"* ]]; then
       # Not diverged, yet it could not stream: the primary no longer has the WAL it needs.
@@ -337,6 +357,18 @@ rejoin() {
     log "pg_rewind failed; cloning $upstream afresh"
     reclone "its data could not be rewound onto the primary's timeline"
   fi
+}
+
+# The timeline in this (stopped) data folder's control file.
+local_timeline() {
+  "$(bin pg_controldata)" -D "$PGDATA" 2>/dev/null | sed -n "s/^Latest checkpoint's TimeLineID: *//p"
+}
+
+# The timeline SOURCE (a conninfo) writes on now, from the replication protocol (a promoted
+# primary's control file says so only after its next checkpoint).
+source_timeline() {
+  PGPASSFILE="$(replication_passfile)" PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -d "$1 replication=true" \
+    -c IDENTIFY_SYSTEM 2>/dev/null | cut -d '|' -f 2
 }
 
 # Names this instance's slot on HOST in the configuration of a server that is down (the
