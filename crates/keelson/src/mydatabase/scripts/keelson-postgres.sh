@@ -319,7 +319,7 @@ rejoin() {
   # updates at its next checkpoint: until then data with WAL the new primary never had passes
   # for "on the same timeline". The replication protocol tells the timeline at once; a rewind
   # is judged only once the control file agrees (asked for a checkpoint), else cloned afresh.
-  local tries=0 ours theirs rewound
+  local tries=0 ours theirs='' rewound stale
   ours="$(local_timeline)"
   while :; do
     # Bounded: a primary that cannot checkpoint now must not hold the rejoin.
@@ -327,16 +327,23 @@ rejoin() {
       -c CHECKPOINT 2>/dev/null || (( tries > 0 )) || log "could not ask $upstream for a checkpoint"
     output="$(PGPASSFILE="$(replication_passfile)" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
         --write-recovery-conf 2>&1)" && rewound=1 || rewound=0
-    theirs="$(source_timeline "$source")"
-    [[ "$rewound" == 1 && "$output" == *"on the same timeline"* && "$theirs" =~ ^[0-9]+$ && "$ours" =~ ^[0-9]+$ \
-      && "$theirs" -gt "$ours" ]] || break
+    stale=0
+    if [[ "$rewound" == 1 && "$output" == *"on the same timeline"* ]]; then
+      # Believed only once the source is shown to write no newer timeline than this data's.
+      theirs="$(source_timeline "$source")"
+      [[ "$theirs" =~ ^[0-9]+$ && "$ours" =~ ^[0-9]+$ && "$theirs" -le "$ours" ]] || stale=1
+    elif [[ "$rewound" == 0 && "$tries" -gt 0 ]]; then
+      # Waiting already: a try that failed (the primary busy, its Service moving) is made again.
+      stale=1
+    fi
+    [[ "$stale" == 1 ]] || break
     if (( ++tries >= 30 )); then
       sed 's/^/pg_rewind: /' <<<"$output" >&2
-      log "$upstream is on timeline $theirs, its control file still says $ours: no rewind can be judged; cloning afresh"
+      log "$upstream's control file still predates its timeline ${theirs:-?} after $tries tries: no rewind can be judged; cloning afresh"
       reclone "the primary's timeline could not be compared (its control file lagged)"
       return
     fi
-    (( tries == 1 )) && log "$upstream is on timeline $theirs, its control file not yet: waiting for its checkpoint"
+    (( tries == 1 )) && log "$upstream writes timeline ${theirs:-?}, its control file does not say so yet: waiting for its checkpoint"
     sleep 1
   done
   if [[ "$rewound" == 1 ]]; then
@@ -361,14 +368,14 @@ rejoin() {
 
 # The timeline in this (stopped) data folder's control file.
 local_timeline() {
-  "$(bin pg_controldata)" -D "$PGDATA" 2>/dev/null | sed -n "s/^Latest checkpoint's TimeLineID: *//p"
+  "$(bin pg_controldata)" -D "$PGDATA" 2>/dev/null | sed -n "s/^Latest checkpoint's TimeLineID: *//p" || true
 }
 
 # The timeline SOURCE (a conninfo) writes on now, from the replication protocol (a promoted
 # primary's control file says so only after its next checkpoint).
 source_timeline() {
   PGPASSFILE="$(replication_passfile)" PGCONNECT_TIMEOUT=5 "$(bin psql)" -X -At -q -d "$1 replication=true" \
-    -c IDENTIFY_SYSTEM 2>/dev/null | cut -d '|' -f 2
+    -c IDENTIFY_SYSTEM 2>/dev/null | cut -d '|' -f 2 || true
 }
 
 # Names this instance's slot on HOST in the configuration of a server that is down (the
