@@ -4,13 +4,13 @@
 //! `observed` reads, `validation` validates, one file per child builds
 //! (`credentials`, `scripts`, `services`, `statefulset`, `pdb`, `backup`),
 //! `reconcile` runs the pipeline, `status` derives the status, `deletion`
-//! is the finalizer's stage.
+//! is the finalizer's stage; `ha` keeps the primary (failover, switchover,
+//! synchronous standbys).
 
 pub mod backup;
 pub mod credentials;
 pub mod deletion;
-pub mod drain;
-pub mod failover;
+pub mod ha;
 pub mod instance_access;
 pub mod instances;
 pub mod names;
@@ -28,7 +28,6 @@ pub mod secret_data;
 pub mod services;
 pub mod statefulset;
 pub mod status;
-pub mod synchronous;
 pub mod tls;
 pub mod upgrade;
 pub mod validation;
@@ -116,7 +115,7 @@ pub async fn run(params: RunParams) {
         cache::watch(scoped_api::<MyDatabase>(client, namespace), "", watch("MyDatabase"));
     // A cordoned node (a drain begins): the databases whose primary runs there.
     let (cordoned, cordon_events) =
-        drain::watch(kube::Api::all(client.clone()), readiness.watch(format!("{}/Node", reconcile::CONTROLLER)));
+        ha::drain::watch(kube::Api::all(client.clone()), readiness.watch(format!("{}/Node", reconcile::CONTROLLER)));
     let (caches, child_triggers) = watches::Caches::watch(client, namespace, watch, cordoned);
     let pods_by_node = caches.pods.clone();
     let drains = cordon_events.flat_map(move |node| {
@@ -127,7 +126,7 @@ pub async fn run(params: RunParams) {
             .filter_map(|p| p.unpack().ok())
             .collect();
         let databases: Vec<ObjectRef<MyDatabase>> =
-            drain::primaries_on(&pods, &node).into_iter().filter_map(watches::owning_database).collect();
+            ha::drain::primaries_on(&pods, &node).into_iter().filter_map(watches::owning_database).collect();
         stream::iter(databases)
     });
     let triggers = stream::select_all(

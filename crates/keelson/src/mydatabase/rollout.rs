@@ -9,7 +9,8 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::{failover, instances};
+use super::ha::failover;
+use super::instances;
 use crate::api::instance::Role;
 use crate::runtime::pods;
 

@@ -379,7 +379,7 @@ pub fn compute(db: &MyDatabase, observed: &Observed, outcome: &Outcome, now: &Ti
 /// How commits wait for standbys now: the durability a client gets.
 fn synchronous_condition(db: &MyDatabase, observed: &Observed) -> DesiredCondition {
     let primary = observed.primary.clone().unwrap_or_else(|| format!("{}-0", names::statefulset(db)));
-    let standbys = super::synchronous::standbys(db, &primary);
+    let standbys = super::ha::synchronous::standbys(db, &primary);
     let condition = |status, reason, message: String| DesiredCondition::new("Synchronous", status, reason, message);
     if let Some(period) = &observed.asynchronous {
         return condition(
@@ -404,7 +404,7 @@ fn synchronous_condition(db: &MyDatabase, observed: &Observed) -> DesiredConditi
             "Preferred",
             format!(
                 "{each}; when none has streamed for {}s the primary acknowledges alone",
-                super::synchronous::PREFERRED_WAIT.as_secs()
+                super::ha::synchronous::PREFERRED_WAIT.as_secs()
             ),
         ),
     }

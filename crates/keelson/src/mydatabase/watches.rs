@@ -16,7 +16,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 use kube::{Client, Resource};
 
-use super::drain::Cordoned;
+use super::ha::drain::Cordoned;
 use super::names;
 use crate::api::MyDatabase;
 use crate::runtime::cache::{self, Packed, Watching};

@@ -17,7 +17,7 @@ use crate::api::instance::{InstanceReport, Role};
 use crate::api::mydatabase::{AsynchronousPeriod, MyDatabase, ReplicationMode};
 
 use super::failover::parse_lsn;
-use super::names;
+use crate::mydatabase::names;
 
 /// With `Preferred`, how long no standby may stream before the primary stops waiting.
 pub const PREFERRED_WAIT: Duration = Duration::from_secs(5);

@@ -17,7 +17,8 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource, ResourceExt};
 
-use super::{failover, names};
+use super::failover;
+use crate::mydatabase::names;
 use crate::runtime::health::WatchHealth;
 
 /// The nodes cordoned now (`spec.unschedulable`), by name.
@@ -93,7 +94,9 @@ pub fn node_of(pod: &Pod) -> Option<&str> {
 /// The primary labelled so among `pods` on `node`: the MyDatabases to look at when it is cordoned.
 pub fn primaries_on<'a>(pods: impl IntoIterator<Item = &'a Pod>, node: &str) -> Vec<&'a Pod> {
     pods.into_iter()
-        .filter(|pod| pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(super::services::PRIMARY))
+        .filter(|pod| {
+            pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(crate::mydatabase::services::PRIMARY)
+        })
         .filter(|pod| node_of(pod) == Some(node) && pod.meta().deletion_timestamp.is_none())
         .collect()
 }
@@ -159,7 +162,7 @@ pub fn successor(
 mod tests {
     use super::*;
     use crate::api::instance::Role;
-    use crate::mydatabase::failover::tests::{labelled, pod};
+    use crate::mydatabase::ha::failover::tests::{labelled, pod};
     use k8s_openapi::api::core::v1::{PodCondition, PodSpec};
 
     fn on(mut pod: Pod, node: &str) -> Pod {

@@ -24,9 +24,9 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::instances;
-use super::names;
 use crate::api::instance::{InstanceReport, LEASE_EXPIRES_AFTER, Role};
+use crate::mydatabase::instances;
+use crate::mydatabase::names;
 
 /// A WAL position (`X/Y` in hex) as a number.
 pub fn parse_lsn(lsn: &str) -> Option<u64> {
@@ -69,7 +69,7 @@ pub struct Promotion {
 pub fn recorded_primary(pods: &[Pod], status_primary: Option<&str>, statefulset: &str) -> String {
     pods.iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .find(|p| p.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(super::services::PRIMARY))
+        .find(|p| p.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(crate::mydatabase::services::PRIMARY))
         .map(|p| p.name_any())
         .or_else(|| status_primary.map(str::to_string))
         .unwrap_or_else(|| format!("{statefulset}-0"))
@@ -100,7 +100,7 @@ fn lost(pod: Option<&Pod>, now: Option<Timestamp>) -> Option<String> {
 }
 
 fn labelled_primary(pod: &Pod) -> bool {
-    pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(super::services::PRIMARY)
+    pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(crate::mydatabase::services::PRIMARY)
 }
 
 fn postgres_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
