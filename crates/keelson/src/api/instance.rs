@@ -24,6 +24,12 @@ pub const MANAGER_IMAGE: &str = "db.keelson.dev/manager-image";
 /// Set by the operator on every pod: PostgreSQL's `synchronous_standby_names`
 /// for when that instance is the primary (empty: asynchronous).
 pub const SYNCHRONOUS_STANDBYS: &str = "db.keelson.dev/synchronous-standbys";
+/// Set by the operator on every pod: how many instances the database has. A
+/// primary with others fences itself when cut off (`instance::lease`), also in
+/// a term in which no standby was named or streamed yet (asynchronous
+/// replication, or a Preferred primary that went on alone): another may be
+/// promoted meanwhile (forced, or asynchronous).
+pub const INSTANCES: &str = "db.keelson.dev/instances";
 /// Set by the operator on a replica's pod: the primary's pod address, which
 /// it streams from (not the `-rw` Service: kube-proxy moves that on each node
 /// in its own time, and a cut-off former primary must never be streamed from

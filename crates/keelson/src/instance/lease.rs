@@ -11,8 +11,9 @@
 //! API server may be down while the database is fine, and no failover can
 //! happen without the replicas letting go of it first (they hold when the
 //! operator asks for their positions). A primary that has no replica (one
-//! instance; none ever streamed, and no synchronous standby is named) is
-//! never fenced either: nobody could take over.
+//! instance: none ever streamed, no synchronous standby is named, and the
+//! operator says the database has no other instance) is never fenced either:
+//! nobody could take over.
 //!
 //! The fence is looked at on a timer of its own (`instance::run`), every
 //! `FENCE_LOOK_EVERY`, whatever the manager's API calls and looks at the
@@ -49,9 +50,9 @@ impl Lease {
 
     /// What the pod and the last look said: whether the pod is labelled
     /// primary (a new term begins when it becomes so; none runs while it is
-    /// not), whether a replica streams from the server now, and whether the
-    /// operator named synchronous standbys for it (a database of two or more
-    /// instances: it has replicas, even if none has connected yet).
+    /// not), whether a replica streams from the server now, and whether it
+    /// has others (the operator named synchronous standbys for it, or says the
+    /// database has two or more instances), even if none has connected yet.
     pub fn observe(&mut self, primary: bool, streaming: bool, standbys_named: bool, now: Instant) {
         if primary && !self.primary {
             *self = Lease { primary: true, ..Lease::new(now) };

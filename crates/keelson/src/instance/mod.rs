@@ -34,8 +34,8 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::api::instance::{
-    ANNOTATION, FENCE, HOLD_STREAMING, InstanceReport, LEASE, MANAGER_IMAGE, POSITION_REQUEST, ROLE_LABEL, Role,
-    SYNCHRONOUS_STANDBYS, UPSTREAM, UPSTREAM_SSLMODE,
+    ANNOTATION, FENCE, HOLD_STREAMING, INSTANCES, InstanceReport, LEASE, MANAGER_IMAGE, POSITION_REQUEST, ROLE_LABEL,
+    Role, SYNCHRONOUS_STANDBYS, UPSTREAM, UPSTREAM_SSLMODE,
 };
 use lease::{FENCE_LOOK_EVERY, Lease};
 use probe::Server;
@@ -156,7 +156,8 @@ struct Orders {
     primary: bool,
     /// Told to hold for a failover.
     holding: bool,
-    /// Synchronous standbys named for it as a primary.
+    /// It has others that could take over: synchronous standbys named for it, or
+    /// more than one instance (`INSTANCES`), whether or not any streamed yet.
     standbys_named: bool,
     /// Fenced for maintenance: its server is stopped on purpose.
     fenced: bool,
@@ -168,7 +169,8 @@ fn take_orders(dir: &Path, pod: &Pod) -> Result<Orders, InstanceError> {
     Ok(Orders {
         primary: pod.labels().get(ROLE_LABEL).map(String::as_str) == Some("primary"),
         holding: pod.annotations().contains_key(HOLD_STREAMING),
-        standbys_named: pod.annotations().get(SYNCHRONOUS_STANDBYS).is_some_and(|names| !names.is_empty()),
+        standbys_named: pod.annotations().get(SYNCHRONOUS_STANDBYS).is_some_and(|names| !names.is_empty())
+            || pod.annotations().get(INSTANCES).and_then(|n| n.parse::<u32>().ok()).is_some_and(|n| n > 1),
         fenced: pod.annotations().get(FENCE).is_some_and(|why| !why.is_empty()),
     })
 }
@@ -520,6 +522,26 @@ mod tests {
             rebuilt: None,
             held: false,
         }
+    }
+
+    #[test]
+    fn a_primary_of_several_instances_counts_as_having_others_with_no_standby_named() {
+        let dir = std::env::temp_dir().join(format!("keelson-orders-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("orders dir");
+        let pod = |annotations: &[(&str, &str)]| {
+            let mut pod = Pod::default();
+            pod.metadata.labels = Some([(ROLE_LABEL.to_string(), "primary".to_string())].into());
+            pod.metadata.annotations = Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+            pod
+        };
+        // Going on alone (no standby named): with others, its lease fences it when cut off.
+        let alone = take_orders(&dir, &pod(&[(SYNCHRONOUS_STANDBYS, ""), (INSTANCES, "2")])).expect("orders");
+        assert!(alone.primary && alone.standbys_named);
+        let single = take_orders(&dir, &pod(&[(SYNCHRONOUS_STANDBYS, ""), (INSTANCES, "1")])).expect("orders");
+        assert!(!single.standbys_named, "one instance: nobody could take over");
+        let named = take_orders(&dir, &pod(&[(SYNCHRONOUS_STANDBYS, r#"ANY 1 ("db-1")"#)])).expect("orders");
+        assert!(named.standbys_named, "an operator from before the count names its standbys");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -19,8 +19,8 @@ use serde_json::json;
 use super::failover::{self, Decision};
 use super::{drain, synchronous};
 use crate::api::instance::{
-    FENCE, FENCE_REASON, HOLD_STREAMING, LEASE, LEASE_EXPIRES_AFTER, POSITION_REQUEST, Role, SYNCHRONOUS_STANDBYS,
-    UPSTREAM, UPSTREAM_SSLMODE,
+    FENCE, FENCE_REASON, HOLD_STREAMING, INSTANCES, LEASE, LEASE_EXPIRES_AFTER, POSITION_REQUEST, Role,
+    SYNCHRONOUS_STANDBYS, UPSTREAM, UPSTREAM_SSLMODE,
 };
 use crate::api::mydatabase::{
     AsynchronousPeriod, FORCE_FAILOVER_ANNOTATION, FailoverRecord, MyDatabase, ReplicationMode, SWITCHOVER_ANNOTATION,
@@ -103,6 +103,21 @@ pub(crate) fn key(db: &MyDatabase) -> String {
     format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any())
 }
 
+/// What one pass knows of the primary when it decides (see `Keeper::elect_primary`).
+struct Election<'a, 'b> {
+    db: &'a MyDatabase,
+    observed: &'a Observed,
+    applier: &'a Applier<'b>,
+    /// This process's decisions as they stood when the pass began.
+    state: &'a PrimaryState,
+    forced: bool,
+    bootstrap: bool,
+    /// The primary on record.
+    recorded: &'a String,
+    lease_unrenewed: Option<Duration>,
+    lease_expired: bool,
+}
+
 /// The primary's side of one MyDatabase reconcile: this process's decisions
 /// about each database's primary (by `namespace/name`, they outrank the caches,
 /// which may lag its own writes), with what acting on them needs.
@@ -149,7 +164,6 @@ impl Keeper<'_> {
         observed: &Observed,
         applier: &Applier<'_>,
     ) -> (String, bool) {
-        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
         let state = self.state(db);
         let status_primary =
             db.status.as_ref().and_then(|s| s.current_primary.as_deref()).filter(|primary| !primary.is_empty());
@@ -210,236 +224,289 @@ impl Keeper<'_> {
             data_from_before: alone.as_ref().is_some_and(|period| data_older_than(observed, &recorded, &period.since)),
             bootstrap,
         };
-        match failover::decide(&recorded, &observed.pods, &situation) {
-            Decision::Keep(primary) => {
-                let serving = observed.pods.iter().find(|p| p.name_any() == primary).and_then(instances::report);
-                let serving = serving.is_some_and(|r| r.role == Role::Primary && !r.unresponsive);
-                let streaming: Vec<String> = observed
-                    .pods
-                    .iter()
-                    .find(|p| p.name_any() == primary)
-                    .and_then(instances::report)
-                    .map(|r| r.replicas.into_iter().filter(|r| r.state == "streaming").map(|r| r.name).collect())
-                    .unwrap_or_default();
-                self.update_state(db, |state| {
-                    if state.chosen.as_ref() != Some(&primary) {
-                        state.streamed.clear();
-                    }
-                    state.streamed.extend(streaming);
-                    state.chosen_uid = uid_of(&observed.pods, &primary).or(state.chosen_uid.take());
-                    state.chosen = Some(primary.clone());
-                    state.pending = None;
-                    state.blocked = None;
-                    state.told_alone = false;
-                    // The first report of the promoted instance taking writes ends the downtime.
-                    if let Some(record) = state.last.as_mut().filter(|r| r.to == primary && r.serving_at.is_none())
-                        && serving
-                    {
-                        record.writes_down_ms = state.last_began.map(|began| began.elapsed().as_millis() as i64);
-                        record.serving_at = Some(crate::runtime::status::now());
-                    }
-                });
-                let asynchronous = self.durability(db, &primary, observed).await;
-                label_pods(db, &observed.pods, &primary, asynchronous.as_ref(), applier).await;
-                if forced {
-                    // Nothing is blocked: an override left standing would apply to some later failover.
-                    forget_annotation(db, FORCE_FAILOVER_ANNOTATION, applier).await;
-                    let note =
-                        format!("{FORCE_FAILOVER_ANNOTATION} removed: no failover was blocked ({primary} serves)");
-                    self.ctx
-                        .event(&db.object_ref(&()), EventType::Normal, "ForceFailoverIgnored", "Failover", note)
-                        .await;
-                }
-                (primary, false)
-            }
+        let lease_expired = situation.lease_expired;
+        let decision = failover::decide(&recorded, &observed.pods, &situation);
+        let e = Election {
+            db,
+            observed,
+            applier,
+            state: &state,
+            forced,
+            bootstrap,
+            recorded: &recorded,
+            lease_unrenewed,
+            lease_expired,
+        };
+        match decision {
+            Decision::Keep(primary) => self.keep(&e, primary).await,
             Decision::AwaitStop { primary, why } => {
                 // Handing over: the pod's SIGTERM stops PostgreSQL (fast), then the replicas are asked.
+                let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
                 tracing::debug!(namespace, name, primary, why, "primary leaving; no promotion until it has stopped");
                 (primary, true)
             }
-            Decision::AskPositions { lost, why, ask, token } => {
-                if token.is_empty() {
-                    tracing::warn!(namespace, name, primary = lost, why, replicas = ?ask, "primary lost; asking the replicas for their positions");
-                    fence_unresponsive(db, &observed.pods, &lost, applier).await;
-                    let mut pending = ask_positions(&lost, &why, &ask, None, applier).await;
-                    if bootstrap {
-                        // Nobody serves, nobody may stream: held from the start, each gives its position.
-                        resend(&observed.pods, &ask, &pending.token, true, applier).await;
-                        pending.held_at = Some(Instant::now());
-                    }
-                    // Cut off, it stopped taking writes before its lease expired.
-                    if situation.lease_expired
-                        && let Some(unrenewed) = lease_unrenewed
-                        && let Some(since) = Instant::now().checked_sub(unrenewed)
-                    {
-                        pending.began = since;
-                        pending.lost_at = Time(pending.lost_at.0 - unrenewed);
-                    }
-                    self.update_state(db, |state| state.pending = Some(pending));
-                } else if pending.is_some_and(|p| p.held_at.is_some()) {
-                    resend(&observed.pods, &ask, &token, true, applier).await;
-                } else if let Some(pending) = pending.filter(|p| p.held_at.is_none()) {
-                    resend(&observed.pods, &ask, &token, false, applier).await;
-                    // Their streams ended (the old primary's end), or still run after the wait (it may
-                    // still run): either way they hold now, so that their positions stay final.
-                    let ended = ask.iter().all(|name| {
-                        observed
-                            .pods
-                            .iter()
-                            .find(|p| p.name_any() == *name)
-                            .and_then(|p| failover::answer(p, &token))
-                            .is_some_and(|answer| !answer.streaming)
-                    });
-                    if !ended && pending.asked_at.elapsed() < POSITION_WAIT {
-                        return (recorded, true);
-                    }
-                    if !ended {
-                        tracing::warn!(namespace, name, primary = lost, replicas = ?ask, "replicas still stream from the old primary; telling them to hold");
-                    }
-                    hold(&ask, &token, applier).await;
-                    self.update_state(db, |state| {
-                        if let Some(pending) = state.pending.as_mut() {
-                            pending.held_at = Some(Instant::now());
-                        }
-                    });
-                }
-                (recorded, true)
-            }
-            Decision::Blocked { lost, why, waiting_for, ask } => {
-                // A standby that comes back (or its replacement) is asked and held at once.
-                if let Some(token) = pending.map(|p| p.token.clone()) {
-                    resend(&observed.pods, &ask, &token, true, applier).await;
-                }
-                let note = match waiting_for == [lost.clone()] {
-                    // status.asynchronous: the lost primary itself is waited for.
-                    true => format!(
-                        "primary {lost} lost ({why}); no replica promoted: {lost} acknowledged commits no standby \
-                         confirmed (replication Preferred, status.asynchronous), so only it holds them. It takes the \
-                         role again once its pod runs; annotate the MyDatabase {FORCE_FAILOVER_ANNOTATION}=true to \
-                         promote the best replica, accepting that those commits are lost"
-                    ),
-                    false => format!(
-                        "primary {lost} lost ({why}); no replica promoted: {} may hold the last acknowledged commits \
-                         and gave no final position. It is promoted once they answer; annotate the MyDatabase \
-                         {FORCE_FAILOVER_ANNOTATION}=true to promote the best of the others, accepting that those \
-                         commits may be lost",
-                        waiting_for.join(", ")
-                    ),
-                };
-                // Waiting for the lost primary itself asks nobody: no failover is under way (a forced one
-                // starts afresh, fencing and asking as any other).
-                let alone = waiting_for == [lost.clone()];
-                let told = match alone {
-                    true => state.told_alone,
-                    false => pending.is_some_and(|p| p.blocked_told),
-                };
-                if !told {
-                    tracing::warn!(namespace, name, primary = lost, waiting_for = ?waiting_for, "failover blocked");
-                    self.ctx
-                        .event(&db.object_ref(&()), EventType::Warning, "FailoverBlocked", "Failover", note.clone())
-                        .await;
-                    self.update_state(db, |state| match state.pending.as_mut() {
-                        Some(pending) if !alone => pending.blocked_told = true,
-                        _ => state.told_alone = alone,
-                    });
-                }
-                self.update_state(db, |state| state.blocked = Some(note));
-                (recorded, true)
-            }
-            Decision::Promote(promotion) => {
-                let lost_at = state.pending.as_ref().map(|p| p.lost_at.clone());
-                let began = state.pending.as_ref().map(|p| p.began);
-                let why = state.pending.as_ref().map_or(promotion.why.clone(), |p| p.why.clone());
-                let positions: Vec<String> =
-                    promotion.positions.iter().map(|(pod, lsn)| format!("{pod} at {lsn}")).collect();
-                let (kind, event_type) = match switchover {
-                    Some(_) => ("Switchover", EventType::Normal),
-                    None if bootstrap => ("Election", EventType::Normal),
-                    None => ("Failover", EventType::Warning),
-                };
-                let mut note = match bootstrap {
-                    true => format!(
-                        "election: {why}; promoted {}, the instance with the most WAL ({})",
-                        promotion.to,
-                        positions.join(", ")
-                    ),
-                    false => format!(
-                        "{}: primary {} ({}); promoted {}, the replica that received the most WAL ({})",
-                        kind.to_lowercase(),
-                        promotion.from,
-                        why,
-                        promotion.to,
-                        positions.join(", ")
-                    ),
-                };
-                if forced && state.blocked.is_some() {
-                    note.push_str(&format!(
-                        "; forced by {FORCE_FAILOVER_ANNOTATION}: replicas that did not answer may have held \
-                         acknowledged commits that are lost"
-                    ));
-                }
-                if let Some(wanted) = switchover.map(|s| &s.to).filter(|to| **to != promotion.to) {
-                    note.push_str(&format!("; {wanted} had received less"));
-                }
-                // On record before any instance is told: a restarted operator carries on from it.
-                let uid = uid_of(&observed.pods, &promotion.to);
-                if !self.record_primary(db, &promotion.to, uid.as_deref()).await {
-                    return (recorded, true);
-                }
-                tracing::warn!(namespace, name, from = promotion.from, to = promotion.to, "{note}");
-                label_pods(db, &observed.pods, &promotion.to, None, applier).await;
-                self.ctx.event(&db.object_ref(&()), event_type, kind, "Promote", note).await;
-                if switchover.is_some_and(|s| s.requested) {
-                    forget_switchover_request(db, applier).await;
-                }
-                if forced {
-                    forget_annotation(db, FORCE_FAILOVER_ANNOTATION, applier).await;
-                }
-                let record = FailoverRecord {
-                    kind: kind.into(),
-                    from: promotion.from,
-                    to: promotion.to.clone(),
-                    reason: why,
-                    lost_at,
-                    promoted_at: Some(crate::runtime::status::now()),
-                    positions,
-                    ..Default::default()
-                };
-                self.update_state(db, |state| {
-                    state.streamed.clear();
-                    state.chosen_uid = uid;
-                    state.chosen = Some(promotion.to.clone());
-                    state.pending = None;
-                    state.blocked = None;
-                    state.told_alone = false;
-                    // The new primary names its standbys: what the old one acknowledged alone is given up (forced).
-                    state.asynchronous = Some(None);
-                    state.synchronous = synchronous::Watch::default();
-                    state.last = Some(record);
-                    state.last_began = began;
-                });
-                (promotion.to, false)
-            }
-            Decision::NoCandidate { lost, why } => {
-                // Starting, or every replica is gone too: the pod on record keeps (or gets) the role.
-                let starting = observed.pods.is_empty();
-                if starting
-                    || observed.pods.iter().any(|p| p.name_any() == lost && p.metadata.deletion_timestamp.is_none())
-                {
-                    tracing::debug!(namespace, name, primary = lost, why, "no replica to take over; the role stays");
-                } else {
-                    tracing::warn!(namespace, name, primary = lost, why, "primary lost and no replica can take over");
-                }
-                self.update_state(db, |state| {
-                    state.chosen_uid = uid_of(&observed.pods, &lost);
-                    state.chosen = Some(lost.clone());
-                    state.pending = None;
-                    state.blocked = None;
-                });
-                label_pods(db, &observed.pods, &lost, self.asynchronous(db).as_ref(), applier).await;
-                (lost, false)
-            }
+            Decision::AskPositions { lost, why, ask, token } => self.ask(&e, lost, why, ask, token).await,
+            Decision::Blocked { lost, why, waiting_for, ask } => self.blocked(&e, lost, why, waiting_for, ask).await,
+            Decision::Promote(promotion) => self.promote(&e, promotion).await,
+            Decision::NoCandidate { lost, why } => self.no_candidate(&e, lost, why).await,
         }
+    }
+
+    /// The primary serves (or is to): record it, carry out durability, label the pods.
+    async fn keep(&self, e: &Election<'_, '_>, primary: String) -> (String, bool) {
+        let Election { db, observed, applier, forced, .. } = *e;
+
+        let serving = observed.pods.iter().find(|p| p.name_any() == primary).and_then(instances::report);
+        let serving = serving.is_some_and(|r| r.role == Role::Primary && !r.unresponsive);
+        let streaming: Vec<String> = observed
+            .pods
+            .iter()
+            .find(|p| p.name_any() == primary)
+            .and_then(instances::report)
+            .map(|r| r.replicas.into_iter().filter(|r| r.state == "streaming").map(|r| r.name).collect())
+            .unwrap_or_default();
+        self.update_state(db, |state| {
+            if state.chosen.as_ref() != Some(&primary) {
+                state.streamed.clear();
+            }
+            state.streamed.extend(streaming);
+            state.chosen_uid = uid_of(&observed.pods, &primary).or(state.chosen_uid.take());
+            state.chosen = Some(primary.clone());
+            state.pending = None;
+            state.blocked = None;
+            state.told_alone = false;
+            // The first report of the promoted instance taking writes ends the downtime.
+            if let Some(record) = state.last.as_mut().filter(|r| r.to == primary && r.serving_at.is_none())
+                && serving
+            {
+                record.writes_down_ms = state.last_began.map(|began| began.elapsed().as_millis() as i64);
+                record.serving_at = Some(crate::runtime::status::now());
+            }
+        });
+        let asynchronous = self.durability(db, &primary, observed).await;
+        label_pods(db, &observed.pods, &primary, asynchronous.as_ref(), applier).await;
+        if forced {
+            // Nothing is blocked: an override left standing would apply to some later failover.
+            forget_annotation(db, FORCE_FAILOVER_ANNOTATION, applier).await;
+            let note = format!("{FORCE_FAILOVER_ANNOTATION} removed: no failover was blocked ({primary} serves)");
+            self.ctx.event(&db.object_ref(&()), EventType::Normal, "ForceFailoverIgnored", "Failover", note).await;
+        }
+        (primary, false)
+    }
+
+    /// The primary is lost: ask the replicas for their positions, then have them hold.
+    async fn ask(
+        &self,
+        e: &Election<'_, '_>,
+        lost: String,
+        why: String,
+        ask: Vec<String>,
+        token: String,
+    ) -> (String, bool) {
+        let Election { db, observed, applier, state, bootstrap, recorded, lease_unrenewed, lease_expired, .. } = *e;
+        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        let pending = state.pending.as_ref();
+
+        if token.is_empty() {
+            tracing::warn!(namespace, name, primary = lost, why, replicas = ?ask, "primary lost; asking the replicas for their positions");
+            fence_unresponsive(db, &observed.pods, &lost, applier).await;
+            let mut pending = ask_positions(&lost, &why, &ask, None, applier).await;
+            if bootstrap {
+                // Nobody serves, nobody may stream: held from the start, each gives its position.
+                resend(&observed.pods, &ask, &pending.token, true, applier).await;
+                pending.held_at = Some(Instant::now());
+            }
+            // Cut off, it stopped taking writes before its lease expired.
+            if lease_expired
+                && let Some(unrenewed) = lease_unrenewed
+                && let Some(since) = Instant::now().checked_sub(unrenewed)
+            {
+                pending.began = since;
+                pending.lost_at = Time(pending.lost_at.0 - unrenewed);
+            }
+            self.update_state(db, |state| state.pending = Some(pending));
+        } else if pending.is_some_and(|p| p.held_at.is_some()) {
+            resend(&observed.pods, &ask, &token, true, applier).await;
+        } else if let Some(pending) = pending.filter(|p| p.held_at.is_none()) {
+            resend(&observed.pods, &ask, &token, false, applier).await;
+            // Their streams ended (the old primary's end), or still run after the wait (it may
+            // still run): either way they hold now, so that their positions stay final.
+            let ended = ask.iter().all(|name| {
+                observed
+                    .pods
+                    .iter()
+                    .find(|p| p.name_any() == *name)
+                    .and_then(|p| failover::answer(p, &token))
+                    .is_some_and(|answer| !answer.streaming)
+            });
+            if !ended && pending.asked_at.elapsed() < POSITION_WAIT {
+                return (recorded.clone(), true);
+            }
+            if !ended {
+                tracing::warn!(namespace, name, primary = lost, replicas = ?ask, "replicas still stream from the old primary; telling them to hold");
+            }
+            hold(&ask, &token, applier).await;
+            self.update_state(db, |state| {
+                if let Some(pending) = state.pending.as_mut() {
+                    pending.held_at = Some(Instant::now());
+                }
+            });
+        }
+        (recorded.clone(), true)
+    }
+
+    /// No promotion yet: say who is waited for (once), keep asking those who come back.
+    async fn blocked(
+        &self,
+        e: &Election<'_, '_>,
+        lost: String,
+        why: String,
+        waiting_for: Vec<String>,
+        ask: Vec<String>,
+    ) -> (String, bool) {
+        let Election { db, observed, applier, state, recorded, .. } = *e;
+        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        let pending = state.pending.as_ref();
+
+        // A standby that comes back (or its replacement) is asked and held at once.
+        if let Some(token) = pending.map(|p| p.token.clone()) {
+            resend(&observed.pods, &ask, &token, true, applier).await;
+        }
+        let note = match waiting_for == [lost.clone()] {
+            // status.asynchronous: the lost primary itself is waited for.
+            true => format!(
+                "primary {lost} lost ({why}); no replica promoted: {lost} acknowledged commits no standby \
+                 confirmed (replication Preferred, status.asynchronous), so only it holds them. It takes the \
+                 role again once its pod runs; annotate the MyDatabase {FORCE_FAILOVER_ANNOTATION}=true to \
+                 promote the best replica, accepting that those commits are lost"
+            ),
+            false => format!(
+                "primary {lost} lost ({why}); no replica promoted: {} may hold the last acknowledged commits \
+                 and gave no final position. It is promoted once they answer; annotate the MyDatabase \
+                 {FORCE_FAILOVER_ANNOTATION}=true to promote the best of the others, accepting that those \
+                 commits may be lost",
+                waiting_for.join(", ")
+            ),
+        };
+        // Waiting for the lost primary itself asks nobody: no failover is under way (a forced one
+        // starts afresh, fencing and asking as any other).
+        let alone = waiting_for == [lost.clone()];
+        let told = match alone {
+            true => state.told_alone,
+            false => pending.is_some_and(|p| p.blocked_told),
+        };
+        if !told {
+            tracing::warn!(namespace, name, primary = lost, waiting_for = ?waiting_for, "failover blocked");
+            self.ctx.event(&db.object_ref(&()), EventType::Warning, "FailoverBlocked", "Failover", note.clone()).await;
+            self.update_state(db, |state| match state.pending.as_mut() {
+                Some(pending) if !alone => pending.blocked_told = true,
+                _ => state.told_alone = alone,
+            });
+        }
+        self.update_state(db, |state| state.blocked = Some(note));
+        (recorded.clone(), true)
+    }
+
+    /// Promote: on record first, then the labels, the Event and this process's record.
+    async fn promote(&self, e: &Election<'_, '_>, promotion: failover::Promotion) -> (String, bool) {
+        let Election { db, observed, applier, state, forced, bootstrap, recorded, .. } = *e;
+        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        let pending = state.pending.as_ref();
+        let switchover = pending.and_then(|p| p.switchover.as_ref());
+
+        let lost_at = state.pending.as_ref().map(|p| p.lost_at.clone());
+        let began = state.pending.as_ref().map(|p| p.began);
+        let why = state.pending.as_ref().map_or(promotion.why.clone(), |p| p.why.clone());
+        let positions: Vec<String> = promotion.positions.iter().map(|(pod, lsn)| format!("{pod} at {lsn}")).collect();
+        let (kind, event_type) = match switchover {
+            Some(_) => ("Switchover", EventType::Normal),
+            None if bootstrap => ("Election", EventType::Normal),
+            None => ("Failover", EventType::Warning),
+        };
+        let mut note = match bootstrap {
+            true => format!(
+                "election: {why}; promoted {}, the instance with the most WAL ({})",
+                promotion.to,
+                positions.join(", ")
+            ),
+            false => format!(
+                "{}: primary {} ({}); promoted {}, the replica that received the most WAL ({})",
+                kind.to_lowercase(),
+                promotion.from,
+                why,
+                promotion.to,
+                positions.join(", ")
+            ),
+        };
+        if forced && state.blocked.is_some() {
+            note.push_str(&format!(
+                "; forced by {FORCE_FAILOVER_ANNOTATION}: replicas that did not answer may have held \
+                 acknowledged commits that are lost"
+            ));
+        }
+        if let Some(wanted) = switchover.map(|s| &s.to).filter(|to| **to != promotion.to) {
+            note.push_str(&format!("; {wanted} had received less"));
+        }
+        // On record before any instance is told: a restarted operator carries on from it.
+        let uid = uid_of(&observed.pods, &promotion.to);
+        if !self.record_primary(db, &promotion.to, uid.as_deref()).await {
+            return (recorded.clone(), true);
+        }
+        tracing::warn!(namespace, name, from = promotion.from, to = promotion.to, "{note}");
+        label_pods(db, &observed.pods, &promotion.to, None, applier).await;
+        self.ctx.event(&db.object_ref(&()), event_type, kind, "Promote", note).await;
+        if switchover.is_some_and(|s| s.requested) {
+            forget_switchover_request(db, applier).await;
+        }
+        if forced {
+            forget_annotation(db, FORCE_FAILOVER_ANNOTATION, applier).await;
+        }
+        let record = FailoverRecord {
+            kind: kind.into(),
+            from: promotion.from,
+            to: promotion.to.clone(),
+            reason: why,
+            lost_at,
+            promoted_at: Some(crate::runtime::status::now()),
+            positions,
+            ..Default::default()
+        };
+        self.update_state(db, |state| {
+            state.streamed.clear();
+            state.chosen_uid = uid;
+            state.chosen = Some(promotion.to.clone());
+            state.pending = None;
+            state.blocked = None;
+            state.told_alone = false;
+            // The new primary names its standbys: what the old one acknowledged alone is given up (forced).
+            state.asynchronous = Some(None);
+            state.synchronous = synchronous::Watch::default();
+            state.last = Some(record);
+            state.last_began = began;
+        });
+        (promotion.to, false)
+    }
+
+    /// Nobody can take over: the pod on record keeps (or gets) the role.
+    async fn no_candidate(&self, e: &Election<'_, '_>, lost: String, why: String) -> (String, bool) {
+        let Election { db, observed, applier, .. } = *e;
+        let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+
+        // Starting, or every replica is gone too: the pod on record keeps (or gets) the role.
+        let starting = observed.pods.is_empty();
+        if starting || observed.pods.iter().any(|p| p.name_any() == lost && p.metadata.deletion_timestamp.is_none()) {
+            tracing::debug!(namespace, name, primary = lost, why, "no replica to take over; the role stays");
+        } else {
+            tracing::warn!(namespace, name, primary = lost, why, "primary lost and no replica can take over");
+        }
+        self.update_state(db, |state| {
+            state.chosen_uid = uid_of(&observed.pods, &lost);
+            state.chosen = Some(lost.clone());
+            state.pending = None;
+            state.blocked = None;
+        });
+        label_pods(db, &observed.pods, &lost, self.asynchronous(db).as_ref(), applier).await;
+        (lost, false)
     }
 
     /// Moves the primary when asked to (the switchover annotation) or when a
@@ -870,8 +937,10 @@ fn role_patch(
         }
         (_, None) => true,
     };
+    let instances = db.spec.replicas.max(0).to_string();
     if pod.labels().get(names::ROLE_LABEL).map(String::as_str) == Some(role)
         && annotations.get(SYNCHRONOUS_STANDBYS) == Some(&synchronous)
+        && annotations.get(INSTANCES) == Some(&instances)
         && (!lift_hold || !annotations.contains_key(HOLD_STREAMING))
         && upstream_ok
     {
@@ -879,7 +948,7 @@ fn role_patch(
     }
     let mut patch = json!({"metadata": {
         "labels": {names::ROLE_LABEL: role},
-        "annotations": {SYNCHRONOUS_STANDBYS: synchronous}}});
+        "annotations": {SYNCHRONOUS_STANDBYS: synchronous, INSTANCES: instances}}});
     if lift_hold {
         patch["metadata"]["annotations"][HOLD_STREAMING] = serde_json::Value::Null;
     }
@@ -920,6 +989,7 @@ mod tests {
                 (HOLD_STREAMING.to_string(), "t1".to_string()),
                 (UPSTREAM.to_string(), "10.0.0.1".to_string()),
                 (SYNCHRONOUS_STANDBYS.to_string(), synchronous::standby_names(&db, "production-db-1", None, &[])),
+                (INSTANCES.to_string(), "3".to_string()),
             ]
             .into(),
         );
@@ -932,6 +1002,11 @@ mod tests {
             (Value::Null, json!("10.0.0.2"), json!("verify-ca"))
         );
         assert!(annotations.as_object().is_some_and(|a| a.contains_key(HOLD_STREAMING)), "the hold is removed");
+        // Told how many instances there are (its fence depends on it), once.
+        let mut untold = held.clone();
+        untold.metadata.annotations.get_or_insert_default().remove(INSTANCES);
+        let patch = role_patch(&db, &untold, services::REPLICA, None, "verify-ca", None).expect("a patch");
+        assert_eq!(patch["metadata"]["annotations"][INSTANCES], json!("3"));
         // Chosen as the primary: no upstream, no hold.
         let patch = role_patch(&db, &held, services::PRIMARY, Some("10.0.0.2"), "verify-ca", None).expect("a patch");
         assert_eq!(patch["metadata"]["labels"][names::ROLE_LABEL], json!("primary"));
