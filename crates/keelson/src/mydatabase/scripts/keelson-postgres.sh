@@ -319,31 +319,39 @@ rejoin() {
   # updates at its next checkpoint: until then data with WAL the new primary never had passes
   # for "on the same timeline". The replication protocol tells the timeline at once; a rewind
   # is judged only once the control file agrees (asked for a checkpoint), else cloned afresh.
-  local tries=0 ours theirs='' rewound stale
+  local tries=0 ours theirs='' rewound=0 output=''
   ours="$(local_timeline)"
   while :; do
-    # Bounded: a primary that cannot checkpoint now must not hold the rejoin.
-    PGPASSFILE="$(replication_passfile)" PGOPTIONS='-c statement_timeout=10000' "$(bin psql)" -X -q -d "$source" \
-      -c CHECKPOINT 2>/dev/null || (( tries > 0 )) || log "could not ask $upstream for a checkpoint"
-    output="$(PGPASSFILE="$(replication_passfile)" "$(bin pg_rewind)" -D "$PGDATA" --source-server="$source" \
-        --write-recovery-conf 2>&1)" && rewound=1 || rewound=0
-    stale=0
-    if [[ "$rewound" == 1 && "$output" == *"on the same timeline"* ]]; then
-      # Believed only once the source is shown to write no newer timeline than this data's.
-      theirs="$(source_timeline "$source")"
-      [[ "$theirs" =~ ^[0-9]+$ && "$ours" =~ ^[0-9]+$ && "$theirs" -le "$ours" ]] || stale=1
-    elif [[ "$rewound" == 0 && "$tries" -gt 0 ]]; then
-      # Waiting already: a try that failed (the primary busy, its Service moving) is made again.
-      stale=1
+    # Each try with the current password (rotated meanwhile?), and bounded: a primary that
+    # cannot answer or checkpoint now must not hold the rejoin.
+    write_replication_passfile
+    theirs="$(source_timeline "$source")"
+    if [[ -n "$theirs" ]]; then
+      # A checkpoint puts the promotion's timeline in its control file (asked again every 5 s).
+      if (( tries % 5 == 0 )); then
+        PGPASSFILE="$(replication_passfile)" PGCONNECT_TIMEOUT=5 PGOPTIONS='-c statement_timeout=10000' \
+          "$(bin psql)" -X -q -d "$source" -c CHECKPOINT 2>/dev/null || (( tries > 0 )) \
+          || log "could not ask $upstream for a checkpoint"
+      fi
+      # Nothing is written to this data before pg_rewind has compared the timelines: a failure
+      # from here on is not tried again (the data may be half rewound), it is cloned afresh.
+      output="$(PGPASSFILE="$(replication_passfile)" PGCONNECT_TIMEOUT=5 "$(bin pg_rewind)" -D "$PGDATA" \
+          --source-server="$source" --write-recovery-conf 2>&1)" && rewound=1 || rewound=0
+      # "Same timeline" is believed only once the source is shown to write no newer one.
+      if ! [[ "$rewound" == 1 && "$output" == *"on the same timeline"* ]] \
+          || [[ "$theirs" =~ ^[0-9]+$ && "$ours" =~ ^[0-9]+$ && "$theirs" -le "$ours" ]]; then
+        break
+      fi
+      # Not trusted: no standby.signal stays behind for a restart to boot this data as a standby.
+      rm -f "$PGDATA/standby.signal"
     fi
-    [[ "$stale" == 1 ]] || break
     if (( ++tries >= 30 )); then
-      sed 's/^/pg_rewind: /' <<<"$output" >&2
-      log "$upstream's control file still predates its timeline ${theirs:-?} after $tries tries: no rewind can be judged; cloning afresh"
-      reclone "the primary's timeline could not be compared (its control file lagged)"
+      [[ -z "$output" ]] || sed 's/^/pg_rewind: /' <<<"$output" >&2
+      log "no rewind could be judged after $tries tries ($upstream unreachable, or its control file behind its timeline ${theirs:-?}); cloning afresh"
+      reclone "no rewind could be judged (the primary's control file lagged its timeline, or it could not be reached)"
       return
     fi
-    (( tries == 1 )) && log "$upstream writes timeline ${theirs:-?}, its control file does not say so yet: waiting for its checkpoint"
+    (( tries == 1 )) && log "$upstream writes timeline ${theirs:-?}, its control file does not say so yet (or it did not answer): waiting for its checkpoint"
     sleep 1
   done
   if [[ "$rewound" == 1 ]]; then
