@@ -125,6 +125,36 @@ pub struct ReplicaReport {
     pub lag_ms: Option<i64>,
 }
 
+#[cfg(test)]
+impl InstanceReport {
+    /// A primary's report at `lsn` with these replicas `(name, state, lag bytes)`, for tests.
+    pub fn primary_for_tests(lsn: &str, replicas: &[(&str, &str, i64)]) -> Self {
+        InstanceReport {
+            role: Role::Primary,
+            server_version: "15.18".into(),
+            timeline: 1,
+            lsn: lsn.into(),
+            received_lsn: None,
+            streaming: false,
+            rebuilt: None,
+            synchronous_standby_names: None,
+            held: false,
+            answering: None,
+            replicas: replicas
+                .iter()
+                .map(|(name, state, lag)| ReplicaReport {
+                    name: (*name).into(),
+                    state: (*state).into(),
+                    lag_bytes: Some(*lag),
+                    lag_ms: None,
+                })
+                .collect(),
+            unresponsive: false,
+            fenced: false,
+        }
+    }
+}
+
 impl InstanceReport {
     /// Changes worth reporting at once; positions alone are reported at most
     /// every few seconds (see `instance::Reporter`).

@@ -499,29 +499,10 @@ mod tests {
         assert!(!first.contains("s3cret-password"));
         assert_ne!(first, scram_verifier(b"s3cret-password"), "a new salt each time");
     }
-    use crate::api::instance::{ReplicaReport, Role};
+    use crate::api::instance::Role;
 
     fn primary(lsn: &str, lag: i64) -> InstanceReport {
-        InstanceReport {
-            role: Role::Primary,
-            server_version: "15.18".into(),
-            timeline: 1,
-            lsn: lsn.into(),
-            received_lsn: None,
-            streaming: false,
-            answering: None,
-            replicas: vec![ReplicaReport {
-                name: "db-1".into(),
-                state: "streaming".into(),
-                lag_bytes: Some(lag),
-                lag_ms: None,
-            }],
-            unresponsive: false,
-            fenced: false,
-            synchronous_standby_names: None,
-            rebuilt: None,
-            held: false,
-        }
+        InstanceReport::primary_for_tests(lsn, &[("db-1", "streaming", lag)])
     }
 
     #[test]

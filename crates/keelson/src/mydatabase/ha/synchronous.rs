@@ -176,7 +176,6 @@ pub fn step(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::instance::ReplicaReport;
     use crate::api::mydatabase::MyDatabaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -192,27 +191,8 @@ mod tests {
 
     fn primary_report(lsn: &str, names: &str, replicas: &[(&str, &str, i64)]) -> InstanceReport {
         InstanceReport {
-            role: Role::Primary,
-            server_version: "15.18".into(),
-            timeline: 1,
-            lsn: lsn.into(),
-            received_lsn: None,
-            streaming: false,
-            rebuilt: None,
             synchronous_standby_names: Some(names.into()),
-            held: false,
-            answering: None,
-            replicas: replicas
-                .iter()
-                .map(|(name, state, lag)| ReplicaReport {
-                    name: (*name).into(),
-                    state: (*state).into(),
-                    lag_bytes: Some(*lag),
-                    lag_ms: None,
-                })
-                .collect(),
-            unresponsive: false,
-            fenced: false,
+            ..InstanceReport::primary_for_tests(lsn, replicas)
         }
     }
 
